@@ -1,0 +1,27 @@
+//! Compiles our own `.proto` files with protox (pure Rust), so a fresh machine needs no `protoc`.
+//!
+//! Well-known types are generated too, so that every `bytes` field (including
+//! `google.protobuf.Any.value`) is a `bytes::Bytes`: a resource encoded once is shared by every
+//! connection that sends it, without copying.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let files = [
+        "proto/workload.proto",
+        "proto/authorization.proto",
+        "proto/citadel.proto",
+        "proto/discovery.proto",
+    ];
+    for file in files {
+        println!("cargo:rerun-if-changed={file}");
+    }
+    let descriptors = protox::compile(files, ["proto"])?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_well_known_types(true)
+        .bytes(".")
+        // Maps encode in key order, so the same content always has the same bytes and version.
+        .btree_map(".")
+        .compile_fds(descriptors)?;
+    Ok(())
+}

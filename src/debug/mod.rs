@@ -1,0 +1,28 @@
+//! The debug HTTP endpoint (15014). It reads published snapshots and never mutates anything.
+//!
+//! `GET /ready`: 200 once the first snapshot is built, 503 before.
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+
+use crate::push::Snapshots;
+
+/// The debug router, over the published snapshots.
+pub fn router(snapshots: Snapshots) -> Router {
+    Router::new()
+        .route("/ready", get(ready))
+        .with_state(snapshots)
+}
+
+async fn ready(State(snapshots): State<Snapshots>) -> (StatusCode, &'static str) {
+    if snapshots.borrow().is_some() {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: waiting for the first full load of every source\n",
+        )
+    }
+}

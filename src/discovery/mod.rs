@@ -1,0 +1,17 @@
+//! The pure core: reduced objects in, encoded xDS resources out.
+//!
+//! Nothing here does I/O or knows about tokio, tonic or the Kubernetes client. The [`Index`] is
+//! owned by one task; it applies events and returns the [`Changes`] they caused, and hands out
+//! immutable [`Snapshot`]s for everyone else to read.
+
+pub mod index;
+pub mod model;
+pub mod names;
+pub mod service;
+pub mod snapshot;
+pub mod workload;
+
+pub use index::{Index, Settings};
+pub use model::{Event, Kind, Object, ObjectRef};
+pub use names::TypeKind;
+pub use snapshot::{Changes, Resource, Snapshot, TypeChanges};

@@ -1,0 +1,204 @@
+//! Encoded resources, the `Changes` an index step produced, and the immutable `Snapshot`.
+//!
+//! Each resource is encoded once; its version is a hash of those bytes, so replicas agree on
+//! versions for the same content and an unchanged resource is never re-sent. A snapshot is a set
+//! of persistent maps: cloning it is O(1), and the index updates it in O(log n) per resource.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use prost::Message;
+
+use crate::discovery::names::TypeKind;
+use crate::pb::google::protobuf::Any;
+
+/// One xDS resource, encoded once and shared by every connection that sends it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resource {
+    /// The xDS name: a workload uid, `ns/hostname` for a service, `ns/name` for a policy.
+    pub name: String,
+    /// Hex xxhash64 of the encoded `Any`.
+    pub version: String,
+    /// `network/ip` aliases (istiod sends them; ztunnel ignores them; on-demand lookups use them).
+    pub aliases: Vec<String>,
+    /// Whether this Address holds a Service (else a Workload).
+    pub is_service: bool,
+    /// For a workload: the service keys (`ns/hostname`) in its services map.
+    pub services: Vec<String>,
+    /// The payload, ready to send.
+    pub any: Any,
+}
+
+impl Resource {
+    /// Encodes `message` as an `Any` of `type_url` and versions it by content.
+    pub fn encode<M: Message>(
+        type_url: &str,
+        name: String,
+        aliases: Vec<String>,
+        is_service: bool,
+        services: Vec<String>,
+        message: &M,
+    ) -> Self {
+        let value = Bytes::from(message.encode_to_vec());
+        let any = Any {
+            type_url: type_url.to_string(),
+            value,
+        };
+        let version = format!("{:x}", xxhash_rust::xxh64::xxh64(&any.value, 0));
+        Resource {
+            name,
+            version,
+            aliases,
+            is_service,
+            services,
+            any,
+        }
+    }
+}
+
+/// Names touched by one or more index steps, for one type.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TypeChanges {
+    pub upserted: BTreeSet<String>,
+    pub removed: BTreeSet<String>,
+}
+
+impl TypeChanges {
+    pub fn upsert(&mut self, name: &str) {
+        self.removed.remove(name);
+        self.upserted.insert(name.to_string());
+    }
+
+    pub fn remove(&mut self, name: &str) {
+        self.upserted.remove(name);
+        self.removed.insert(name.to_string());
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.upserted.is_empty() && self.removed.is_empty()
+    }
+
+    /// Every name touched, whether upserted or removed.
+    pub fn names(&self) -> impl Iterator<Item = &String> {
+        self.upserted.iter().chain(self.removed.iter())
+    }
+
+    /// Folds a later set of changes into this one.
+    pub fn merge(&mut self, later: &TypeChanges) {
+        for name in &later.upserted {
+            self.upsert(name);
+        }
+        for name in &later.removed {
+            self.remove(name);
+        }
+    }
+}
+
+/// What an index step changed, per resource type. Equal-to-before resources are not changes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    pub addresses: TypeChanges,
+    pub authorizations: TypeChanges,
+}
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        self.addresses.is_empty() && self.authorizations.is_empty()
+    }
+
+    pub fn merge(&mut self, later: &Changes) {
+        self.addresses.merge(&later.addresses);
+        self.authorizations.merge(&later.authorizations);
+    }
+
+    pub fn of(&self, kind: TypeKind) -> &TypeChanges {
+        match kind {
+            TypeKind::Address => &self.addresses,
+            TypeKind::Authorization => &self.authorizations,
+        }
+    }
+
+    pub(crate) fn of_mut(&mut self, kind: TypeKind) -> &mut TypeChanges {
+        match kind {
+            TypeKind::Address => &mut self.addresses,
+            TypeKind::Authorization => &mut self.authorizations,
+        }
+    }
+}
+
+/// Resources of one type by name.
+pub type ResourceMap = imbl::HashMap<String, Arc<Resource>>;
+
+/// How many recent `Changes` a snapshot remembers, so a connection that skipped a few snapshots
+/// can still catch up by names instead of a full diff.
+pub const HISTORY: usize = 64;
+
+/// An immutable view of every resource, cheap to clone and share.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Counts published snapshots, from 1.
+    pub generation: u64,
+    pub addresses: ResourceMap,
+    pub authorizations: ResourceMap,
+    /// `network/ip` -> names of Address resources with that address (workloads and services).
+    pub aliases: imbl::HashMap<String, imbl::OrdSet<String>>,
+    /// Service name (`ns/hostname`) -> uids of workloads whose services map holds it.
+    pub members: imbl::HashMap<String, imbl::OrdSet<String>>,
+    /// `(generation, changes that produced it)`, oldest first, at most [`HISTORY`] entries.
+    pub history: imbl::Vector<(u64, Arc<Changes>)>,
+}
+
+impl Snapshot {
+    pub fn resources(&self, kind: TypeKind) -> &ResourceMap {
+        match kind {
+            TypeKind::Address => &self.addresses,
+            TypeKind::Authorization => &self.authorizations,
+        }
+    }
+
+    /// The changes between generation `since` and this snapshot, if history still covers them.
+    pub fn changes_since(&self, since: u64) -> Option<Changes> {
+        if since == self.generation {
+            return Some(Changes::default());
+        }
+        let first = self.history.front()?.0;
+        if since + 1 < first || since > self.generation {
+            return None;
+        }
+        let mut all = Changes::default();
+        for (generation, changes) in self.history.iter() {
+            if *generation > since {
+                all.merge(changes);
+            }
+        }
+        Some(all)
+    }
+
+    /// istiod's `Lookup(key)` for Address resources: a workload uid; `network/ip` (the workloads
+    /// with that IP, or else the service with that VIP and its members); or `ns/hostname` (the
+    /// service and its members). Returns resource names; empty when nothing matches.
+    pub fn lookup_addresses(&self, key: &str) -> Vec<String> {
+        if let Some(resource) = self.addresses.get(key) {
+            let mut names = vec![resource.name.clone()];
+            if resource.is_service
+                && let Some(members) = self.members.get(key)
+            {
+                names.extend(members.iter().cloned());
+            }
+            return names;
+        }
+        let Some(found) = self.aliases.get(key) else {
+            return Vec::new();
+        };
+        let is_service = |name: &String| self.addresses.get(name).is_some_and(|r| r.is_service);
+        let workloads: Vec<String> = found.iter().filter(|n| !is_service(n)).cloned().collect();
+        if !workloads.is_empty() {
+            return workloads;
+        }
+        match found.iter().find(|n| is_service(n)) {
+            Some(service) => self.lookup_addresses(service),
+            None => Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! The manifests source: a directory of Kubernetes YAML/JSON, followed as it changes.
+//!
+//! Every `.yaml`, `.yml` and `.json` file under the directory (recursively; entries whose names
+//! start with `.` are skipped, which also skips the `..data` links of a mounted ConfigMap) is
+//! read as one or more documents. A file that fails to parse is logged with its path and
+//! position and keeps its last good content; an object that fails to decode is logged and
+//! skipped alone. After each change the merged set of objects is diffed against the previous
+//! one, so the index receives exactly the objects that changed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use notify::{RecursiveMode, Watcher};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::discovery::model::{Event, Kind, Object, ObjectRef};
+use crate::kube::objects::{Decoded, decode};
+
+/// How long to let a burst of file-system events settle before re-reading.
+const SETTLE: Duration = Duration::from_millis(50);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("manifests directory {path}: {source}")]
+    Directory {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("manifests directory {path} is not a directory")]
+    NotADirectory { path: PathBuf },
+    #[error("watching manifests directory {path}: {source}")]
+    Watch {
+        path: PathBuf,
+        source: notify::Error,
+    },
+    #[error("{path}: {message}")]
+    File { path: PathBuf, message: String },
+}
+
+/// What one file last contributed.
+#[derive(Debug)]
+struct FileState {
+    stamp: Option<(SystemTime, u64)>,
+    objects: Vec<Object>,
+}
+
+/// The directory's files, their last good objects, and the merged view last sent.
+#[derive(Debug)]
+pub struct ManifestDir {
+    root: PathBuf,
+    files: BTreeMap<PathBuf, FileState>,
+    merged: BTreeMap<ObjectRef, Object>,
+}
+
+impl ManifestDir {
+    /// Checks that `root` is a readable directory.
+    pub fn open(root: impl Into<PathBuf>) -> Result<Self, ManifestError> {
+        let root = root.into();
+        let meta = std::fs::metadata(&root).map_err(|source| ManifestError::Directory {
+            path: root.clone(),
+            source,
+        })?;
+        if !meta.is_dir() {
+            return Err(ManifestError::NotADirectory { path: root });
+        }
+        Ok(ManifestDir {
+            root,
+            files: BTreeMap::new(),
+            merged: BTreeMap::new(),
+        })
+    }
+
+    /// Reads everything and returns the full load: a `Reset` for every kind, then `Synced`.
+    pub fn load(&mut self) -> Vec<Event> {
+        self.rescan(&BTreeSet::new());
+        let mut by_kind: BTreeMap<Kind, Vec<Object>> =
+            Kind::ALL.iter().map(|k| (*k, Vec::new())).collect();
+        for object in self.merged.values() {
+            by_kind
+                .entry(object.kind())
+                .or_default()
+                .push(object.clone());
+        }
+        let mut events: Vec<Event> = Kind::ALL
+            .iter()
+            .map(|kind| Event::Reset(*kind, by_kind.remove(kind).unwrap_or_default()))
+            .collect();
+        events.push(Event::Synced);
+        events
+    }
+
+    /// Re-reads files that changed (by stamp, or named in `touched`) and returns the objects
+    /// that changed as `Apply`/`Delete` events.
+    pub fn refresh(&mut self, touched: &BTreeSet<PathBuf>) -> Vec<Event> {
+        let before = std::mem::take(&mut self.merged);
+        self.rescan(touched);
+        let mut events = Vec::new();
+        for (key, object) in &self.merged {
+            if before.get(key) != Some(object) {
+                events.push(Event::Apply(object.clone()));
+            }
+        }
+        for key in before.keys() {
+            if !self.merged.contains_key(key) {
+                events.push(Event::Delete(key.clone()));
+            }
+        }
+        events
+    }
+
+    fn rescan(&mut self, touched: &BTreeSet<PathBuf>) {
+        let mut present = Vec::new();
+        collect_files(&self.root, &mut present);
+        let present: BTreeSet<PathBuf> = present.into_iter().collect();
+        self.files.retain(|path, _| {
+            let keep = present.contains(path);
+            if !keep {
+                debug!(path = %path.display(), "manifest file removed");
+            }
+            keep
+        });
+        for path in present {
+            let stamp = stamp(&path);
+            let known = self.files.get(&path);
+            let unchanged = known.is_some_and(|f| f.stamp == stamp && stamp.is_some());
+            if unchanged && !touched.contains(&path) {
+                continue;
+            }
+            match read_file(&path) {
+                Ok(objects) => {
+                    self.files.insert(path, FileState { stamp, objects });
+                }
+                Err(error) => {
+                    // Keep the last good content; remember the stamp so it is not re-read
+                    // until it changes again.
+                    warn!(%error, "manifest file not applied; its last good content stays in effect");
+                    let objects = self
+                        .files
+                        .remove(&path)
+                        .map(|f| f.objects)
+                        .unwrap_or_default();
+                    self.files.insert(path, FileState { stamp, objects });
+                }
+            }
+        }
+        self.merged = BTreeMap::new();
+        for state in self.files.values() {
+            for object in &state.objects {
+                self.merged.insert(object.object_ref(), object.clone());
+            }
+        }
+    }
+}
+
+fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.modified().ok()?, meta.len()))
+}
+
+fn is_manifest(path: &Path) -> bool {
+    matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml" | "json")
+    )
+}
+
+/// Every manifest file under `dir`, following symlinks, skipping dot-entries.
+fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let path = entry.path();
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        if meta.is_dir() {
+            collect_files(&path, out);
+        } else if meta.is_file() && is_manifest(&path) {
+            out.push(path);
+        }
+    }
+}
+
+/// Reads one file into objects. A syntax error fails the whole file (with its position);
+/// an object that cannot be decoded is logged and skipped alone.
+pub fn read_file(path: &Path) -> Result<Vec<Object>, ManifestError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ManifestError::File {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    let documents = parse_documents(path, &text)?;
+    let mut objects = Vec::new();
+    for document in documents {
+        for decoded in decode(document) {
+            match decoded {
+                Decoded::Object(object) => objects.push(object),
+                Decoded::Ignored(kind) => {
+                    debug!(path = %path.display(), kind, "ignoring a kind ambientd does not read");
+                }
+                Decoded::Invalid(error) => {
+                    warn!(path = %path.display(), %error, "skipping invalid object");
+                }
+            }
+        }
+    }
+    Ok(objects)
+}
+
+fn parse_documents(path: &Path, text: &str) -> Result<Vec<Value>, ManifestError> {
+    let is_json = path.extension().and_then(|e| e.to_str()) == Some("json");
+    let documents = if is_json {
+        serde_json::from_str::<Value>(text)
+            .map(|v| vec![v])
+            .map_err(|e| e.to_string())
+    } else {
+        let options = serde_saphyr::options! { strict_booleans: true };
+        serde_saphyr::from_multiple_with_options::<Value>(text, options).map_err(|e| e.to_string())
+    };
+    let documents = documents.map_err(|message| ManifestError::File {
+        path: path.to_path_buf(),
+        message,
+    })?;
+    Ok(documents.into_iter().filter(|d| !d.is_null()).collect())
+}
+
+/// Loads `dir`, sends the full load, then follows changes until `shutdown`.
+pub async fn run(
+    mut dir: ManifestDir,
+    events: mpsc::Sender<Event>,
+    shutdown: CancellationToken,
+) -> Result<(), ManifestError> {
+    let (fs_tx, mut fs_rx) = mpsc::unbounded_channel::<notify::Result<notify::Event>>();
+    let mut watcher = notify::recommended_watcher(move |event| {
+        // The receiver only goes away at shutdown.
+        let _ = fs_tx.send(event);
+    })
+    .map_err(|source| ManifestError::Watch {
+        path: dir.root.clone(),
+        source,
+    })?;
+    watcher
+        .watch(&dir.root, RecursiveMode::Recursive)
+        .map_err(|source| ManifestError::Watch {
+            path: dir.root.clone(),
+            source,
+        })?;
+
+    let load = dir.load();
+    let objects = load
+        .iter()
+        .map(|e| match e {
+            Event::Reset(_, objects) => objects.len(),
+            _ => 0,
+        })
+        .sum::<usize>();
+    info!(path = %dir.root.display(), files = dir.files.len(), objects, "manifests loaded");
+    for event in load {
+        if events.send(event).await.is_err() {
+            return Ok(());
+        }
+    }
+
+    loop {
+        let first = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            event = fs_rx.recv() => event,
+        };
+        let Some(first) = first else {
+            return Ok(());
+        };
+        let mut touched = BTreeSet::new();
+        note(&mut touched, first);
+        // Let the burst settle (editors write, rename and chmod in quick succession).
+        let settle = tokio::time::sleep(SETTLE);
+        tokio::pin!(settle);
+        loop {
+            tokio::select! {
+                _ = &mut settle => break,
+                event = fs_rx.recv() => match event {
+                    Some(event) => note(&mut touched, event),
+                    None => break,
+                },
+            }
+        }
+        let changed = dir.refresh(&touched);
+        if !changed.is_empty() {
+            info!(objects = changed.len(), "manifests changed");
+        }
+        for event in changed {
+            if events.send(event).await.is_err() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+fn note(touched: &mut BTreeSet<PathBuf>, event: notify::Result<notify::Event>) {
+    match event {
+        Ok(event) => touched.extend(event.paths),
+        Err(error) => warn!(%error, "file watch error; rescanning"),
+    }
+}

@@ -1,0 +1,466 @@
+//! Kubernetes objects as they appear in YAML/JSON, decoded to only the fields ambientd reads,
+//! then reduced to [`crate::discovery::model`] types with the API server's defaults applied.
+//!
+//! Defaults applied on read (what the API server would write), listed in docs/manifests.md:
+//! a namespaced object without `metadata.namespace` is in `default`; a Service port's
+//! `protocol` is TCP and its `targetPort` is its `port`; `spec.type` is ClusterIP;
+//! `clusterIPs` is `[clusterIP]`; `ipFamilies` follows the cluster IPs; a container port's
+//! `protocol` is TCP; a Pod's `serviceAccountName` is `serviceAccount` or `default`; its
+//! `status.phase` is `Pending`; `podIPs` is `[podIP]`.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::discovery::model::{
+    ContainerPort, IpFamily, Labels, Namespace, Node, Object, Owner, Pod, Protocol, Service,
+    ServicePort, TargetPort,
+};
+
+/// Why one object could not be used. It names the object and the field.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind} {name}: {reason}")]
+pub struct ObjectError {
+    pub kind: String,
+    pub name: String,
+    pub reason: String,
+}
+
+/// The outcome of decoding one document (or one item of a `kind: List`).
+#[allow(clippy::large_enum_variant)] // short-lived, consumed right away
+#[derive(Debug)]
+pub enum Decoded {
+    Object(Object),
+    /// A kind ambientd does not read; the payload names it for a debug log.
+    Ignored(String),
+    Invalid(ObjectError),
+}
+
+/// Decodes one Kubernetes object (a JSON value), expanding `kind: List` into its items.
+pub fn decode(value: Value) -> Vec<Decoded> {
+    let api_version = value
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let kind = value.get("kind").and_then(Value::as_str).unwrap_or("");
+    let kind_name = if api_version.is_empty() {
+        kind.to_string()
+    } else {
+        format!("{api_version}/{kind}")
+    };
+    let result = match (api_version, kind) {
+        (_, "List") | (_, "ServiceList") | (_, "PodList") => {
+            return match value.get("items") {
+                Some(Value::Array(items)) => items.iter().cloned().flat_map(decode).collect(),
+                _ => Vec::new(),
+            };
+        }
+        ("v1", "Namespace") => parse::<RawNamespace>(&value).and_then(RawNamespace::reduce),
+        ("v1", "Node") => parse::<RawNode>(&value).and_then(RawNode::reduce),
+        ("v1", "Pod") => parse::<RawPod>(&value).and_then(RawPod::reduce),
+        ("v1", "Service") => parse::<RawService>(&value).and_then(RawService::reduce),
+        _ => return vec![Decoded::Ignored(kind_name)],
+    };
+    vec![match result {
+        Ok(object) => Decoded::Object(object),
+        Err(reason) => Decoded::Invalid(ObjectError {
+            kind: kind_name,
+            name: object_name(&value),
+            reason,
+        }),
+    }]
+}
+
+fn object_name(value: &Value) -> String {
+    let meta = value.get("metadata");
+    let get = |field: &str| meta.and_then(|m| m.get(field)).and_then(Value::as_str);
+    match (get("namespace"), get("name")) {
+        (Some(ns), Some(name)) => format!("{ns}/{name}"),
+        (None, Some(name)) => name.to_string(),
+        _ => "<unnamed>".to_string(),
+    }
+}
+
+/// Decodes with the failing field's path in the message (`spec.ports[0].port: invalid type`).
+fn parse<T: for<'de> Deserialize<'de>>(value: &Value) -> Result<T, String> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        format!("{path}: {}", e.into_inner())
+    })
+}
+
+/// Labels and annotations, accepting unquoted scalars (`version: 2`) as their text.
+fn string_map<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Labels, D::Error> {
+    let raw: Option<BTreeMap<String, Value>> = Option::deserialize(d)?;
+    Ok(raw
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, scalar_text(v)))
+        .collect())
+}
+
+/// A string field that may be written unquoted as a bool or number (`status: True`).
+fn lenient_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(scalar_text(Value::deserialize(d)?))
+}
+
+fn scalar_text(value: Value) -> String {
+    match value {
+        Value::String(s) => s,
+        Value::Null => String::new(),
+        Value::Bool(true) => "True".to_string(),
+        Value::Bool(false) => "False".to_string(),
+        other => other.to_string(),
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RawMeta {
+    name: String,
+    namespace: Option<String>,
+    generate_name: String,
+    #[serde(deserialize_with = "string_map")]
+    labels: Labels,
+    #[serde(deserialize_with = "string_map")]
+    annotations: Labels,
+    owner_references: Vec<RawOwnerReference>,
+    deletion_timestamp: Option<Value>,
+}
+
+impl RawMeta {
+    fn name(&self) -> Result<String, String> {
+        if self.name.is_empty() {
+            return Err("metadata.name is missing".into());
+        }
+        Ok(self.name.clone())
+    }
+
+    /// `default` when unset, as `kubectl apply` would place it.
+    fn namespace(&self) -> String {
+        match self.namespace.as_deref() {
+            Some(ns) if !ns.is_empty() => ns.to_string(),
+            _ => "default".to_string(),
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RawOwnerReference {
+    kind: String,
+    name: String,
+    controller: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawNamespace {
+    metadata: RawMeta,
+}
+
+impl RawNamespace {
+    fn reduce(self) -> Result<Object, String> {
+        Ok(Object::Namespace(Namespace {
+            name: self.metadata.name()?,
+            labels: self.metadata.labels,
+            annotations: self.metadata.annotations,
+        }))
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawNode {
+    metadata: RawMeta,
+}
+
+impl RawNode {
+    fn reduce(self) -> Result<Object, String> {
+        Ok(Object::Node(Node {
+            name: self.metadata.name()?,
+            labels: self.metadata.labels,
+        }))
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawPod {
+    metadata: RawMeta,
+    spec: RawPodSpec,
+    status: RawPodStatus,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RawPodSpec {
+    service_account_name: Option<String>,
+    service_account: Option<String>,
+    node_name: String,
+    host_network: bool,
+    containers: Vec<RawContainer>,
+    init_containers: Vec<RawContainer>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RawContainer {
+    ports: Vec<RawContainerPort>,
+    restart_policy: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RawContainerPort {
+    name: String,
+    container_port: i64,
+    protocol: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RawPodStatus {
+    phase: Option<String>,
+    #[serde(rename = "podIP")]
+    pod_ip: Option<String>,
+    #[serde(rename = "podIPs")]
+    pod_ips: Vec<RawPodIp>,
+    conditions: Vec<RawCondition>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawPodIp {
+    ip: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawCondition {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(deserialize_with = "lenient_string")]
+    status: String,
+}
+
+impl RawPod {
+    fn reduce(self) -> Result<Object, String> {
+        let name = self.metadata.name()?;
+        let status = self.status;
+        let mut ip_texts: Vec<String> = status.pod_ips.into_iter().map(|p| p.ip).collect();
+        if ip_texts.is_empty() {
+            ip_texts.extend(status.pod_ip.filter(|ip| !ip.is_empty()));
+        }
+        let ips = ip_texts
+            .iter()
+            .enumerate()
+            .map(|(i, text)| parse_ip(text, &format!("status.podIPs[{i}].ip")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let spec = self.spec;
+        // Native sidecars: init containers that keep running.
+        let sidecars = spec
+            .init_containers
+            .iter()
+            .filter(|c| c.restart_policy.as_deref() == Some("Always"));
+        let mut ports = Vec::new();
+        for port in spec
+            .containers
+            .iter()
+            .chain(sidecars)
+            .flat_map(|c| &c.ports)
+        {
+            if port.name.is_empty() {
+                continue;
+            }
+            ports.push(ContainerPort {
+                name: port.name.clone(),
+                port: port_number(port.container_port, "containerPort")?,
+                protocol: protocol(port.protocol.as_deref())?,
+            });
+        }
+        let owner = self
+            .metadata
+            .owner_references
+            .iter()
+            .find(|o| o.controller == Some(true))
+            .map(|o| Owner {
+                kind: o.kind.clone(),
+                name: o.name.clone(),
+            });
+        Ok(Object::Pod(Pod {
+            name,
+            namespace: self.metadata.namespace(),
+            generate_name: self.metadata.generate_name,
+            labels: self.metadata.labels,
+            annotations: self.metadata.annotations,
+            owner,
+            terminating: self
+                .metadata
+                .deletion_timestamp
+                .is_some_and(|v| !v.is_null()),
+            phase: status.phase.unwrap_or_else(|| "Pending".into()),
+            ready: status
+                .conditions
+                .iter()
+                .any(|c| c.kind == "Ready" && c.status == "True"),
+            ips,
+            service_account: spec
+                .service_account_name
+                .or(spec.service_account)
+                .filter(|sa| !sa.is_empty())
+                .unwrap_or_else(|| "default".into()),
+            node_name: spec.node_name,
+            host_network: spec.host_network,
+            ports,
+        }))
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawService {
+    metadata: RawMeta,
+    spec: RawServiceSpec,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RawServiceSpec {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    #[serde(rename = "clusterIP")]
+    cluster_ip: Option<String>,
+    #[serde(rename = "clusterIPs")]
+    cluster_ips: Vec<String>,
+    ports: Vec<RawServicePort>,
+    #[serde(deserialize_with = "string_map")]
+    selector: Labels,
+    internal_traffic_policy: Option<String>,
+    traffic_distribution: Option<String>,
+    publish_not_ready_addresses: bool,
+    ip_families: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RawServicePort {
+    name: String,
+    port: i64,
+    target_port: Option<IntOrString>,
+    protocol: Option<String>,
+    app_protocol: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum IntOrString {
+    Int(i64),
+    String(String),
+}
+
+impl RawService {
+    fn reduce(self) -> Result<Object, String> {
+        let name = self.metadata.name()?;
+        let spec = self.spec;
+        let mut ip_texts = spec.cluster_ips;
+        if ip_texts.is_empty() {
+            ip_texts.extend(spec.cluster_ip);
+        }
+        let cluster_ips = ip_texts
+            .iter()
+            .enumerate()
+            .filter(|(_, text)| !text.is_empty() && text.as_str() != "None")
+            .map(|(i, text)| parse_ip(text, &format!("spec.clusterIPs[{i}]")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ports = spec
+            .ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let port = port_number(p.port, &format!("spec.ports[{i}].port"))?;
+                let target_port = match &p.target_port {
+                    None => TargetPort::Number(port),
+                    Some(IntOrString::Int(n)) => {
+                        TargetPort::Number(port_number(*n, &format!("spec.ports[{i}].targetPort"))?)
+                    }
+                    Some(IntOrString::String(s)) if s.is_empty() => TargetPort::Number(port),
+                    Some(IntOrString::String(s)) => match s.parse::<i64>() {
+                        Ok(n) => TargetPort::Number(port_number(
+                            n,
+                            &format!("spec.ports[{i}].targetPort"),
+                        )?),
+                        Err(_) => TargetPort::Name(s.clone()),
+                    },
+                };
+                Ok(ServicePort {
+                    name: p.name.clone(),
+                    port,
+                    target_port,
+                    protocol: protocol(p.protocol.as_deref())?,
+                    app_protocol: p.app_protocol.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let ip_families = if spec.ip_families.is_empty() {
+            let mut families: Vec<IpFamily> = Vec::new();
+            for ip in &cluster_ips {
+                let family = if ip.is_ipv4() {
+                    IpFamily::V4
+                } else {
+                    IpFamily::V6
+                };
+                if !families.contains(&family) {
+                    families.push(family);
+                }
+            }
+            families
+        } else {
+            spec.ip_families
+                .iter()
+                .map(|f| match f.as_str() {
+                    "IPv4" => Ok(IpFamily::V4),
+                    "IPv6" => Ok(IpFamily::V6),
+                    other => Err(format!("spec.ipFamilies: unknown family {other:?}")),
+                })
+                .collect::<Result<_, _>>()?
+        };
+        Ok(Object::Service(Service {
+            name,
+            namespace: self.metadata.namespace(),
+            labels: self.metadata.labels,
+            annotations: self.metadata.annotations,
+            external_name: spec.kind.as_deref() == Some("ExternalName"),
+            cluster_ips,
+            ports,
+            selector: spec.selector,
+            internal_traffic_local: spec.internal_traffic_policy.as_deref() == Some("Local"),
+            traffic_distribution: spec.traffic_distribution,
+            publish_not_ready_addresses: spec.publish_not_ready_addresses,
+            ip_families,
+        }))
+    }
+}
+
+fn parse_ip(text: &str, field: &str) -> Result<IpAddr, String> {
+    text.parse()
+        .map_err(|_| format!("{field}: {text:?} is not an IP address"))
+}
+
+fn port_number(value: i64, field: &str) -> Result<u16, String> {
+    u16::try_from(value)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| format!("{field}: {value} is not a port number (1-65535)"))
+}
+
+fn protocol(value: Option<&str>) -> Result<Protocol, String> {
+    match value.unwrap_or("TCP") {
+        "TCP" | "" => Ok(Protocol::Tcp),
+        "UDP" => Ok(Protocol::Udp),
+        "SCTP" => Ok(Protocol::Sctp),
+        other => Err(format!("protocol {other:?} is not TCP, UDP or SCTP")),
+    }
+}

@@ -1,0 +1,16 @@
+//! ambientd: the part of istiod that ztunnel talks to, rebuilt small and fast.
+//!
+//! Data flow: sources ([`kube`]) turn manifests or Kubernetes watches into typed events; the
+//! pure [`discovery`] index turns those into encoded xDS resources and publishes immutable
+//! snapshots; [`push`] serves them to ztunnel over delta ADS; [`debug`] serves readiness.
+//! See ARCHITECTURE.md for the picture.
+#![forbid(unsafe_code)]
+
+pub mod app;
+pub mod ca;
+pub mod config;
+pub mod debug;
+pub mod discovery;
+pub mod kube;
+pub mod pb;
+pub mod push;

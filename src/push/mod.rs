@@ -1,0 +1,12 @@
+//! The push edge: the index task that publishes snapshots, and the delta ADS server that
+//! follows them for each connected proxy.
+//!
+//! Protocol decisions (subscriptions, ACK/NACK, what to send) are pure functions in
+//! [`subscription`]; [`server`] only moves bytes between them and the stream.
+
+pub mod indexer;
+pub mod server;
+pub mod subscription;
+
+pub use indexer::Snapshots;
+pub use server::AdsServer;

@@ -1,0 +1,327 @@
+//! The delta ADS service (`DeltaAggregatedResources`) and one task per connected proxy.
+//!
+//! A connection waits for the first snapshot, answers each type's initial request (even with
+//! nothing to send: ztunnel is not ready until it has ACKed every type), answers on-demand
+//! subscriptions, and follows new snapshots. It sends one response per type per step; while the
+//! client is slow, newer snapshots supersede older ones instead of queueing.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use futures::Stream;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::discovery::Snapshot;
+use crate::discovery::names::TypeKind;
+use crate::pb::google::protobuf::value::Kind as ValueKind;
+use crate::pb::xds::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use crate::pb::xds::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Node,
+};
+use crate::push::indexer::Snapshots;
+use crate::push::subscription::{Delta, RequestKind, TypeState, classify};
+
+/// Responses buffered per stream before the connection waits for the client to read.
+const OUTBOUND_BUFFER: usize = 4;
+
+/// The ADS service: hands each stream to its own connection task.
+#[derive(Clone)]
+pub struct AdsServer {
+    snapshots: Snapshots,
+    next_id: Arc<AtomicU64>,
+}
+
+impl AdsServer {
+    pub fn new(snapshots: Snapshots) -> Self {
+        AdsServer {
+            snapshots,
+            next_id: Arc::new(AtomicU64::new(1)),
+        }
+    }
+
+    /// The tonic service, without compression (ztunnel supports none).
+    pub fn into_service(self) -> AggregatedDiscoveryServiceServer<Self> {
+        AggregatedDiscoveryServiceServer::new(self).max_decoding_message_size(64 * 1024 * 1024)
+    }
+}
+
+type SotwStream = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for AdsServer {
+    type StreamAggregatedResourcesStream = SotwStream;
+    type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        _request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        Err(Status::unimplemented(
+            "ambientd serves only delta xDS: use DeltaAggregatedResources \
+             (StreamAggregatedResources, state of the world, is not supported)",
+        ))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let peer = request
+            .remote_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
+        let connection = Connection {
+            id,
+            snapshots: self.snapshots.clone(),
+            outbound: tx,
+            types: BTreeMap::new(),
+            proxy: None,
+            sent: 0,
+        };
+        let span = info_span!("xds", id, peer);
+        tokio::spawn(connection.run(request.into_inner()).instrument(span));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// Who is on the other end, from the node in the first request.
+#[derive(Clone, Debug, Default)]
+pub struct ProxyInfo {
+    pub id: String,
+    pub name: String,
+    pub namespace: String,
+    pub node_name: String,
+}
+
+impl ProxyInfo {
+    fn from_node(node: &Node) -> Self {
+        let meta = |key: &str| {
+            node.metadata
+                .as_ref()
+                .and_then(|m| m.fields.get(key))
+                .and_then(|v| match &v.kind {
+                    Some(ValueKind::StringValue(s)) => Some(s.clone()),
+                    _ => None,
+                })
+                .unwrap_or_default()
+        };
+        ProxyInfo {
+            id: node.id.clone(),
+            name: meta("NAME"),
+            namespace: meta("NAMESPACE"),
+            node_name: meta("NODE_NAME"),
+        }
+    }
+}
+
+/// Why a connection ended early.
+enum End {
+    /// The client went away; nothing to report.
+    Closed,
+    /// A protocol error, reported to the client as a gRPC status.
+    Error(Status),
+}
+
+/// One stream's state. Owned by its task; nothing else touches it.
+struct Connection {
+    id: u64,
+    snapshots: Snapshots,
+    outbound: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
+    types: BTreeMap<TypeKind, TypeState>,
+    proxy: Option<ProxyInfo>,
+    sent: u64,
+}
+
+impl Connection {
+    async fn run(mut self, mut inbound: Streaming<DeltaDiscoveryRequest>) {
+        let Some(mut snapshot) = self.wait_ready().await else {
+            return;
+        };
+        let end = loop {
+            tokio::select! {
+                message = inbound.message() => match message {
+                    Ok(Some(request)) => {
+                        if let Err(end) = self.on_request(&snapshot, request).await {
+                            break end;
+                        }
+                    }
+                    Ok(None) => break End::Closed,
+                    Err(status) => {
+                        debug!(%status, "stream error");
+                        break End::Closed;
+                    }
+                },
+                changed = self.snapshots.changed() => {
+                    if changed.is_err() {
+                        break End::Error(Status::unavailable("ambientd is shutting down"));
+                    }
+                    let latest = self.snapshots.borrow_and_update().clone();
+                    if let Some(latest) = latest {
+                        snapshot = latest;
+                        if let Err(end) = self.on_snapshot(&snapshot).await {
+                            break end;
+                        }
+                    }
+                }
+            }
+        };
+        let proxy = self.proxy.as_ref().map(|p| p.id.as_str()).unwrap_or("");
+        match end {
+            End::Closed => info!(proxy, "proxy disconnected"),
+            End::Error(status) => {
+                warn!(proxy, %status, "closing stream");
+                let _ = self.outbound.send(Err(status)).await;
+            }
+        }
+    }
+
+    /// Holds the stream until the first snapshot exists. `None` if the server shuts down.
+    async fn wait_ready(&mut self) -> Option<Arc<Snapshot>> {
+        let ready = self.snapshots.wait_for(Option::is_some).await.ok()?;
+        ready.clone()
+    }
+
+    async fn on_request(
+        &mut self,
+        snapshot: &Arc<Snapshot>,
+        request: DeltaDiscoveryRequest,
+    ) -> Result<(), End> {
+        if self.proxy.is_none()
+            && let Some(node) = &request.node
+        {
+            let proxy = ProxyInfo::from_node(node);
+            info!(
+                proxy = proxy.id,
+                node = proxy.node_name,
+                namespace = proxy.namespace,
+                "proxy connected"
+            );
+            self.proxy = Some(proxy);
+        }
+        let last_nonce = TypeKind::from_type_url(&request.type_url)
+            .and_then(|kind| self.types.get(&kind))
+            .map(|state| state.last_nonce.as_str());
+        match classify(&request, last_nonce) {
+            RequestKind::UnknownType(type_url) => {
+                Err(End::Error(Status::invalid_argument(format!(
+                    "unknown type URL {type_url:?}: ambientd serves {} and {}",
+                    TypeKind::Address.type_url(),
+                    TypeKind::Authorization.type_url()
+                ))))
+            }
+            RequestKind::Initial(kind) => {
+                let mut state = TypeState::new(kind, &request);
+                debug!(
+                    %kind,
+                    wildcard = state.subscription.wildcard,
+                    names = state.subscription.names.len(),
+                    known = request.initial_resource_versions.len(),
+                    "initial request"
+                );
+                let delta = state.initial(snapshot);
+                self.types.insert(kind, state);
+                // Always answer the initial request, even with nothing in it.
+                self.send(kind, snapshot, delta).await
+            }
+            RequestKind::Ack(kind) => {
+                debug!(%kind, nonce = request.response_nonce, "ack");
+                self.subscribe(kind, snapshot, &request).await
+            }
+            RequestKind::Stale(kind) => {
+                debug!(%kind, nonce = request.response_nonce, "stale nonce ignored");
+                Ok(())
+            }
+            RequestKind::Nack { kind, message } => {
+                let proxy = self.proxy.as_ref().map(|p| p.id.as_str()).unwrap_or("");
+                warn!(proxy, %kind, nonce = request.response_nonce, error = message, "proxy rejected resources (NACK); not re-sending them");
+                Ok(())
+            }
+            RequestKind::Subscribe(kind) => self.subscribe(kind, snapshot, &request).await,
+        }
+    }
+
+    async fn subscribe(
+        &mut self,
+        kind: TypeKind,
+        snapshot: &Arc<Snapshot>,
+        request: &DeltaDiscoveryRequest,
+    ) -> Result<(), End> {
+        if request.resource_names_subscribe.is_empty()
+            && request.resource_names_unsubscribe.is_empty()
+        {
+            return Ok(());
+        }
+        let Some(state) = self.types.get_mut(&kind) else {
+            return Ok(());
+        };
+        debug!(%kind, subscribe = ?request.resource_names_subscribe, unsubscribe = ?request.resource_names_unsubscribe, "subscription change");
+        match state.on_subscribe(
+            snapshot,
+            &request.resource_names_subscribe,
+            &request.resource_names_unsubscribe,
+        ) {
+            Some(delta) => self.send(kind, snapshot, delta).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn on_snapshot(&mut self, snapshot: &Arc<Snapshot>) -> Result<(), End> {
+        let kinds: Vec<TypeKind> = self.types.keys().copied().collect();
+        for kind in kinds {
+            let Some(state) = self.types.get_mut(&kind) else {
+                continue;
+            };
+            let delta = state.on_snapshot(snapshot);
+            if !delta.is_empty() {
+                self.send(kind, snapshot, delta).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn send(&mut self, kind: TypeKind, snapshot: &Snapshot, delta: Delta) -> Result<(), End> {
+        self.sent += 1;
+        let nonce = format!("{}-{}-{}", snapshot.generation, self.id, self.sent);
+        if let Some(state) = self.types.get_mut(&kind) {
+            state.last_nonce = nonce.clone();
+        }
+        debug!(
+            %kind,
+            nonce,
+            resources = delta.resources.len(),
+            removed = delta.removed.len(),
+            "push"
+        );
+        let response = DeltaDiscoveryResponse {
+            system_version_info: snapshot.generation.to_string(),
+            type_url: kind.type_url().to_string(),
+            nonce,
+            removed_resources: delta.removed,
+            resources: delta
+                .resources
+                .iter()
+                .map(|r| crate::pb::xds::Resource {
+                    name: r.name.clone(),
+                    version: r.version.clone(),
+                    aliases: r.aliases.clone(),
+                    resource: Some(r.any.clone()),
+                    ttl: None,
+                    cache_control: None,
+                })
+                .collect(),
+        };
+        self.outbound
+            .send(Ok(response))
+            .await
+            .map_err(|_| End::Closed)
+    }
+}

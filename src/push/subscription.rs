@@ -1,0 +1,335 @@
+//! Protocol decisions, kept pure: what a client subscribed to, how to classify each request,
+//! and which resources to send (and remove) for a given snapshot.
+//!
+//! A wildcard client's view is "the snapshot it was last synced to", so following it costs one
+//! pointer per connection, not a map of every name: updates are the difference between that
+//! snapshot and the new one, found through the snapshot's change history (or, if the client
+//! fell further behind than the history reaches, a full comparison). An explicit (on-demand)
+//! client holds a small map of the names it was sent.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use crate::discovery::names::TypeKind;
+use crate::discovery::snapshot::{Resource, ResourceMap, Snapshot};
+use crate::pb::xds::DeltaDiscoveryRequest;
+
+/// The wildcard subscription name.
+pub const WILDCARD: &str = "*";
+
+/// What the client subscribed to, for one type.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Subscription {
+    pub wildcard: bool,
+    pub names: BTreeSet<String>,
+}
+
+impl Subscription {
+    /// From the first request of a type: an empty subscribe list is the legacy wildcard, `*`
+    /// subscribes to everything, and `*` in the unsubscribe list turns the wildcard off
+    /// (ztunnel's on-demand "subscribe to nothing yet" is `subscribe: [*], unsubscribe: [*]`).
+    pub fn initial(subscribe: &[String], unsubscribe: &[String]) -> Self {
+        let mut subscription = Subscription {
+            wildcard: subscribe.is_empty(),
+            names: BTreeSet::new(),
+        };
+        subscription.update(subscribe, unsubscribe);
+        subscription
+    }
+
+    /// Applies a later request's changes; returns the names newly subscribed (not `*`).
+    pub fn update(&mut self, subscribe: &[String], unsubscribe: &[String]) -> Vec<String> {
+        let mut added = Vec::new();
+        for name in subscribe {
+            if name == WILDCARD {
+                self.wildcard = true;
+            } else if self.names.insert(name.clone()) {
+                added.push(name.clone());
+            }
+        }
+        for name in unsubscribe {
+            if name == WILDCARD {
+                self.wildcard = false;
+            } else {
+                self.names.remove(name);
+                added.retain(|n| n != name);
+            }
+        }
+        added
+    }
+}
+
+/// What a request means, given what this connection has sent so far.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RequestKind {
+    /// A type URL ambientd does not serve.
+    UnknownType(String),
+    /// The first request for a type on this stream.
+    Initial(TypeKind),
+    /// Accepts the last response of the type.
+    Ack(TypeKind),
+    /// Rejects a response: never answered by re-sending.
+    Nack { kind: TypeKind, message: String },
+    /// A nonce older than the last response: superseded, ignored.
+    Stale(TypeKind),
+    /// No nonce, not the first request: a subscription change (on-demand lookups).
+    Subscribe(TypeKind),
+}
+
+/// Classifies a request. `last_nonce` is the nonce of the last response sent for its type,
+/// `None` if the type was never requested on this stream.
+pub fn classify(request: &DeltaDiscoveryRequest, last_nonce: Option<&str>) -> RequestKind {
+    let Some(kind) = TypeKind::from_type_url(&request.type_url) else {
+        return RequestKind::UnknownType(request.type_url.clone());
+    };
+    let Some(last_nonce) = last_nonce else {
+        return RequestKind::Initial(kind);
+    };
+    if let Some(error) = &request.error_detail {
+        return RequestKind::Nack {
+            kind,
+            message: error.message.clone(),
+        };
+    }
+    if request.response_nonce.is_empty() {
+        RequestKind::Subscribe(kind)
+    } else if request.response_nonce == last_nonce {
+        RequestKind::Ack(kind)
+    } else {
+        RequestKind::Stale(kind)
+    }
+}
+
+/// Resources to send and names to remove, for one response.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Delta {
+    pub resources: Vec<Arc<Resource>>,
+    pub removed: Vec<String>,
+}
+
+impl Delta {
+    pub fn is_empty(&self) -> bool {
+        self.resources.is_empty() && self.removed.is_empty()
+    }
+}
+
+/// One type's state on one connection.
+#[derive(Clone, Debug)]
+pub struct TypeState {
+    pub kind: TypeKind,
+    pub subscription: Subscription,
+    /// Wildcard mode: the snapshot the client's view equals.
+    synced: Option<Arc<Snapshot>>,
+    /// Explicit mode, or before the first wildcard sync: name -> version the client holds.
+    held: HashMap<String, String>,
+    /// The nonce of the last response sent.
+    pub last_nonce: String,
+}
+
+impl TypeState {
+    /// From the first request of a type. `initial_resource_versions` are what the client holds
+    /// from an earlier stream; in explicit mode they also count as subscribed names.
+    pub fn new(kind: TypeKind, request: &DeltaDiscoveryRequest) -> Self {
+        let mut subscription = Subscription::initial(
+            &request.resource_names_subscribe,
+            &request.resource_names_unsubscribe,
+        );
+        if !subscription.wildcard {
+            subscription
+                .names
+                .extend(request.initial_resource_versions.keys().cloned());
+        }
+        TypeState {
+            kind,
+            subscription,
+            synced: None,
+            held: request
+                .initial_resource_versions
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            last_nonce: String::new(),
+        }
+    }
+
+    /// The answer to the first request: everything subscribed whose version the client does
+    /// not already hold, and the names it holds that no longer exist.
+    pub fn initial(&mut self, snapshot: &Arc<Snapshot>) -> Delta {
+        if self.subscription.wildcard {
+            self.sync_wildcard(snapshot)
+        } else {
+            let keys: Vec<String> = self.subscription.names.iter().cloned().collect();
+            self.explicit(snapshot, &keys)
+        }
+    }
+
+    /// What a new snapshot means for this client.
+    pub fn on_snapshot(&mut self, snapshot: &Arc<Snapshot>) -> Delta {
+        if !self.subscription.wildcard {
+            return self.explicit(snapshot, &[]);
+        }
+        let Some(synced) = self.synced.clone() else {
+            return self.sync_wildcard(snapshot);
+        };
+        if synced.generation == snapshot.generation {
+            return Delta::default();
+        }
+        let resources = snapshot.resources(self.kind);
+        let old = synced.resources(self.kind);
+        let mut delta = Delta::default();
+        match snapshot.changes_since(synced.generation) {
+            Some(changes) => {
+                for name in changes.of(self.kind).names() {
+                    diff_one(name, old, resources, &mut delta);
+                }
+            }
+            None => {
+                // Fell behind the history: compare the two snapshots in full.
+                for name in resources.keys() {
+                    diff_one(name, old, resources, &mut delta);
+                }
+                for name in old.keys().filter(|name| !resources.contains_key(*name)) {
+                    delta.removed.push(name.clone());
+                }
+            }
+        }
+        self.synced = Some(snapshot.clone());
+        delta
+    }
+
+    /// A subscription change on an open stream; `None` when there is nothing to answer.
+    pub fn on_subscribe(
+        &mut self,
+        snapshot: &Arc<Snapshot>,
+        subscribe: &[String],
+        unsubscribe: &[String],
+    ) -> Option<Delta> {
+        let was_wildcard = self.subscription.wildcard;
+        let added = self.subscription.update(subscribe, unsubscribe);
+        for name in unsubscribe {
+            self.held.remove(name);
+        }
+        match (was_wildcard, self.subscription.wildcard) {
+            (false, true) => Some(self.sync_wildcard(snapshot)),
+            (true, false) => {
+                // The client keeps what it has; follow it by name from here.
+                self.held = self.view_versions();
+                self.synced = None;
+                (!added.is_empty()).then(|| self.explicit(snapshot, &added))
+            }
+            (true, true) => None,
+            (false, false) => {
+                // istiod answers an explicit subscription request even when it adds nothing
+                // new, so a client waiting on it is never left hanging.
+                let keys = if added.is_empty() {
+                    subscribe.to_vec()
+                } else {
+                    added
+                };
+                (!keys.is_empty()).then(|| self.explicit(snapshot, &keys))
+            }
+        }
+    }
+
+    fn view_versions(&self) -> HashMap<String, String> {
+        match &self.synced {
+            Some(s) => s
+                .resources(self.kind)
+                .iter()
+                .map(|(k, r)| (k.clone(), r.version.clone()))
+                .collect(),
+            None => self.held.clone(),
+        }
+    }
+
+    /// Full wildcard sync against what the client holds (`held`), then track by snapshot.
+    fn sync_wildcard(&mut self, snapshot: &Arc<Snapshot>) -> Delta {
+        let resources = snapshot.resources(self.kind);
+        let mut delta = Delta::default();
+        for (name, resource) in resources.iter() {
+            if self.held.get(name) != Some(&resource.version) {
+                delta.resources.push(resource.clone());
+            }
+        }
+        delta.removed = self
+            .held
+            .keys()
+            .filter(|name| !resources.contains_key(*name))
+            .cloned()
+            .collect();
+        delta.resources.sort_by(|a, b| a.name.cmp(&b.name));
+        delta.removed.sort();
+        self.held = HashMap::new();
+        self.synced = Some(snapshot.clone());
+        delta
+    }
+
+    /// Explicit mode: send the resources subscribed names resolve to (and updates to what the
+    /// client holds) whose versions differ; remove held names that no longer exist. Each of
+    /// `fresh` keys that is not itself a resource name is also listed as removed, so that a
+    /// client waiting on exactly that key (ztunnel's on-demand `/10.0.0.5`) wakes up.
+    fn explicit(&mut self, snapshot: &Arc<Snapshot>, fresh: &[String]) -> Delta {
+        let resources = snapshot.resources(self.kind);
+        let mut wanted: BTreeSet<String> = BTreeSet::new();
+        for key in &self.subscription.names {
+            wanted.extend(lookup(snapshot, self.kind, key));
+        }
+        wanted.extend(
+            self.held
+                .keys()
+                .filter(|name| resources.contains_key(*name))
+                .cloned(),
+        );
+        let mut delta = Delta::default();
+        for name in &wanted {
+            if let Some(resource) = resources.get(name)
+                && self.held.get(name) != Some(&resource.version)
+            {
+                delta.resources.push(resource.clone());
+            }
+        }
+        let mut removed: BTreeSet<String> = self
+            .held
+            .keys()
+            .filter(|name| !resources.contains_key(*name))
+            .cloned()
+            .collect();
+        for key in fresh {
+            if !resources.contains_key(key) {
+                removed.insert(key.clone());
+            }
+        }
+        for resource in &delta.resources {
+            self.held
+                .insert(resource.name.clone(), resource.version.clone());
+        }
+        for name in &removed {
+            self.held.remove(name);
+        }
+        delta.removed = removed.into_iter().collect();
+        delta
+    }
+}
+
+/// Sends `name` if its version differs between the client's snapshot and the new one;
+/// removes it if it is gone.
+fn diff_one(name: &str, old: &ResourceMap, new: &ResourceMap, delta: &mut Delta) {
+    match (old.get(name), new.get(name)) {
+        (Some(o), Some(n)) if Arc::ptr_eq(o, n) || o.version == n.version => {}
+        (_, Some(n)) => delta.resources.push(n.clone()),
+        (Some(_), None) => delta.removed.push(name.to_string()),
+        (None, None) => {}
+    }
+}
+
+/// The resource names one subscribed key resolves to.
+fn lookup(snapshot: &Snapshot, kind: TypeKind, key: &str) -> Vec<String> {
+    match kind {
+        TypeKind::Address => snapshot.lookup_addresses(key),
+        TypeKind::Authorization => snapshot
+            .authorizations
+            .get(key)
+            .map(|r| vec![r.name.clone()])
+            .unwrap_or_default(),
+    }
+}
