@@ -226,7 +226,13 @@ fn parse_documents(path: &Path, text: &str) -> Result<Vec<Value>, ManifestError>
     };
     let documents = documents.map_err(|message| ManifestError::File {
         path: path.to_path_buf(),
-        message,
+        // The parser adds a source snippet on later lines; the first line has the position.
+        message: message
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .trim_start_matches("error: ")
+            .to_string(),
     })?;
     Ok(documents.into_iter().filter(|d| !d.is_null()).collect())
 }
@@ -277,7 +283,9 @@ pub async fn run(
             return Ok(());
         };
         let mut touched = BTreeSet::new();
-        note(&mut touched, first);
+        if !note(&mut touched, first) {
+            continue;
+        }
         // Let the burst settle (editors write, rename and chmod in quick succession).
         let settle = tokio::time::sleep(SETTLE);
         tokio::pin!(settle);
@@ -285,7 +293,9 @@ pub async fn run(
             tokio::select! {
                 _ = &mut settle => break,
                 event = fs_rx.recv() => match event {
-                    Some(event) => note(&mut touched, event),
+                    Some(event) => {
+                        note(&mut touched, event);
+                    }
                     None => break,
                 },
             }
@@ -302,9 +312,27 @@ pub async fn run(
     }
 }
 
-fn note(touched: &mut BTreeSet<PathBuf>, event: notify::Result<notify::Event>) {
+/// Records the paths of an event that may change content. Reads are ignored: our own reads
+/// would otherwise trigger endless rescans. Returns whether a rescan is due.
+fn note(touched: &mut BTreeSet<PathBuf>, event: notify::Result<notify::Event>) -> bool {
+    use notify::EventKind;
+    use notify::event::{AccessKind, AccessMode};
     match event {
-        Ok(event) => touched.extend(event.paths),
-        Err(error) => warn!(%error, "file watch error; rescanning"),
+        Ok(event) => match event.kind {
+            EventKind::Access(AccessKind::Close(AccessMode::Write))
+            | EventKind::Any
+            | EventKind::Create(_)
+            | EventKind::Modify(_)
+            | EventKind::Remove(_)
+            | EventKind::Other => {
+                touched.extend(event.paths);
+                true
+            }
+            EventKind::Access(_) => false,
+        },
+        Err(error) => {
+            warn!(%error, "file watch error; rescanning");
+            true
+        }
     }
 }

@@ -1,0 +1,417 @@
+//! End to end over real gRPC on 127.0.0.1: a manifests directory served to a ztunnel-shaped
+//! delta xDS client, followed through edits, deletes, reconnects, NACKs and on-demand lookups.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ambientd::discovery::names::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
+use ambientd::pb::workload::{TunnelProtocol, WorkloadStatus};
+use ambientd::pb::xds::DeltaDiscoveryRequest;
+use support::*;
+
+const CLUSTER: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: istio-system}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: demo, labels: {istio.io/dataplane-mode: ambient}}
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: node-a
+  labels: {topology.kubernetes.io/region: r1, topology.kubernetes.io/zone: z1}
+"#;
+
+const SERVICES: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: demo}
+spec:
+  clusterIP: 10.96.0.10
+  selector: {app: web}
+  ports:
+  - {name: http, port: 80, targetPort: http}
+"#;
+
+fn pod(name: &str, ip: &str, app: &str, version: &str) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: demo
+  labels: {{app: {app}, version: {version}}}
+  annotations: {{ambient.istio.io/redirection: enabled}}
+spec:
+  serviceAccountName: {app}
+  nodeName: node-a
+  containers:
+  - name: main
+    ports: [{{name: http, containerPort: 8080}}]
+status:
+  phase: Running
+  podIP: {ip}
+  conditions: [{{type: Ready, status: "True"}}]
+"#
+    )
+}
+
+fn pods(docs: &[String]) -> String {
+    docs.join("\n---\n")
+}
+
+fn mesh() -> Manifests {
+    Manifests::new(&[
+        ("cluster.yaml", CLUSTER),
+        ("services.yaml", SERVICES),
+        (
+            "pods/web.yaml",
+            &pods(&[
+                pod("web-1", "10.244.1.10", "web", "v1"),
+                pod("web-2", "10.244.1.11", "web", "v1"),
+            ]),
+        ),
+        ("pods/db.yaml", &pod("db-1", "10.244.1.20", "db", "v1")),
+    ])
+}
+
+const WEB_1: &str = "Kubernetes//Pod/demo/web-1";
+const WEB_2: &str = "Kubernetes//Pod/demo/web-2";
+const DB_1: &str = "Kubernetes//Pod/demo/db-1";
+const WEB_SVC: &str = "demo/web.demo.svc.cluster.local";
+
+#[tokio::test]
+async fn initial_sync_delivers_both_types() {
+    let mesh = mesh();
+    let running = start(mesh.root()).await;
+    let mut client = XdsClient::connect(&running).await;
+    client.subscribe_wildcard(BTreeMap::new()).await;
+    let (addresses_response, authorizations) = client.initial_sync().await;
+
+    assert_eq!(
+        names(&addresses_response),
+        vec![DB_1, WEB_1, WEB_2, WEB_SVC]
+    );
+    assert!(addresses_response.removed_resources.is_empty());
+    assert!(!addresses_response.nonce.is_empty());
+    // Authorization is answered even though there is nothing in it (ztunnel needs the ACK).
+    assert_eq!(authorizations.type_url, AUTHORIZATION_TYPE);
+    assert!(authorizations.resources.is_empty());
+
+    let decoded = addresses(&addresses_response);
+    let web1 = workload(&decoded[WEB_1]);
+    assert_eq!(web1.uid, WEB_1);
+    assert_eq!(
+        web1.addresses,
+        vec![bytes::Bytes::from_static(&[10, 244, 1, 10])]
+    );
+    assert_eq!(web1.service_account, "web");
+    assert_eq!(web1.node, "node-a");
+    assert_eq!(web1.tunnel_protocol, TunnelProtocol::Hbone as i32);
+    assert_eq!(web1.status, WorkloadStatus::Healthy as i32);
+    assert_eq!(web1.locality.as_ref().map(|l| l.zone.as_str()), Some("z1"));
+    let ports = &web1.services[WEB_SVC].ports;
+    assert_eq!((ports[0].service_port, ports[0].target_port), (80, 8080));
+    let svc = service(&decoded[WEB_SVC]);
+    assert_eq!(svc.hostname, "web.demo.svc.cluster.local");
+    assert_eq!(svc.addresses[0].address.as_ref(), &[10, 96, 0, 10]);
+    // Each resource carries its content version and network/ip aliases.
+    let web1_resource = addresses_response
+        .resources
+        .iter()
+        .find(|r| r.name == WEB_1)
+        .unwrap();
+    assert!(!web1_resource.version.is_empty());
+    assert_eq!(web1_resource.aliases, vec!["/10.244.1.10"]);
+
+    let (code, _) = http_get(running.debug_address, "/ready").await;
+    assert_eq!(code, 200);
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn editing_a_file_delivers_exactly_the_changed_resource() {
+    let mesh = mesh();
+    let running = start(mesh.root()).await;
+    let mut client = XdsClient::connect(&running).await;
+    client.subscribe_wildcard(BTreeMap::new()).await;
+    client.initial_sync().await;
+
+    // web-2 becomes not ready; web-1 in the same file is untouched.
+    let not_ready =
+        pod("web-2", "10.244.1.11", "web", "v1").replace(r#"status: "True""#, r#"status: "False""#);
+    mesh.write(
+        "pods/web.yaml",
+        &pods(&[pod("web-1", "10.244.1.10", "web", "v1"), not_ready]),
+    );
+
+    let update = client.recv().await;
+    assert_eq!(update.type_url, ADDRESS_TYPE);
+    assert_eq!(names(&update), vec![WEB_2]);
+    assert!(update.removed_resources.is_empty());
+    let decoded = addresses(&update);
+    assert_eq!(
+        workload(&decoded[WEB_2]).status,
+        WorkloadStatus::Unhealthy as i32
+    );
+    client.ack(&update).await;
+
+    // Rewriting a file with identical content sends nothing.
+    mesh.write("services.yaml", SERVICES);
+    client.expect_silence(Duration::from_millis(700)).await;
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn deleting_an_object_delivers_its_name_in_removed_resources() {
+    let mesh = mesh();
+    let running = start(mesh.root()).await;
+    let mut client = XdsClient::connect(&running).await;
+    client.subscribe_wildcard(BTreeMap::new()).await;
+    client.initial_sync().await;
+
+    mesh.remove("pods/db.yaml");
+    let update = client.recv().await;
+    assert_eq!(update.type_url, ADDRESS_TYPE);
+    assert!(update.resources.is_empty());
+    assert_eq!(update.removed_resources, vec![DB_1]);
+    client.ack(&update).await;
+
+    // Deleting the Service removes it and re-sends its members without the service.
+    mesh.remove("services.yaml");
+    let update = client.recv().await;
+    assert_eq!(update.removed_resources, vec![WEB_SVC]);
+    assert_eq!(names(&update), vec![WEB_1, WEB_2]);
+    for (_, address) in addresses(&update) {
+        assert!(workload(&address).services.is_empty());
+    }
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn reconnect_with_initial_versions_delivers_only_changes_and_removals() {
+    let mesh = mesh();
+    let running = start(mesh.root()).await;
+    let mut first = XdsClient::connect(&running).await;
+    first.subscribe_wildcard(BTreeMap::new()).await;
+    let (initial, _) = first.initial_sync().await;
+    let held = versions(&initial);
+    drop(first);
+
+    // While disconnected: web-1 changes version label, db-1 is deleted.
+    mesh.write(
+        "pods/web.yaml",
+        &pods(&[
+            pod("web-1", "10.244.1.10", "web", "v2"),
+            pod("web-2", "10.244.1.11", "web", "v1"),
+        ]),
+    );
+    mesh.remove("pods/db.yaml");
+    let mut snapshots = running.snapshots.clone();
+    tokio::time::timeout(
+        WAIT,
+        snapshots.wait_for(|s| {
+            s.as_ref().is_some_and(|s| {
+                !s.addresses.contains_key(DB_1) && s.addresses[WEB_1].version != held[WEB_1]
+            })
+        }),
+    )
+    .await
+    .expect("edits were not indexed in time")
+    .unwrap();
+
+    let mut second = XdsClient::connect(&running).await;
+    second.subscribe_wildcard(held).await;
+    let (update, _) = second.initial_sync().await;
+    assert_eq!(names(&update), vec![WEB_1]);
+    assert_eq!(update.removed_resources, vec![DB_1]);
+    assert_eq!(
+        workload(&addresses(&update)[WEB_1]).canonical_revision,
+        "v2"
+    );
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn a_nack_does_not_cause_a_resend_loop() {
+    let mesh = mesh();
+    let running = start(mesh.root()).await;
+    let mut client = XdsClient::connect(&running).await;
+    client.subscribe_wildcard(BTreeMap::new()).await;
+    let first = client.recv().await;
+    client
+        .nack(&first, "Kubernetes//Pod/demo/web-1: decode: invalid")
+        .await;
+    let authorizations = client.recv().await;
+    assert_eq!(authorizations.type_url, AUTHORIZATION_TYPE);
+    client.ack(&authorizations).await;
+    client.expect_silence(Duration::from_millis(700)).await;
+
+    // Later changes still flow, and only the changed resource is sent.
+    mesh.write("pods/db.yaml", &pod("db-1", "10.244.1.20", "db", "v9"));
+    let update = client.recv().await;
+    assert_eq!(names(&update), vec![DB_1]);
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn on_demand_ip_lookup_is_answered() {
+    let mesh = mesh();
+    let running = start(mesh.root()).await;
+    let mut client = XdsClient::connect(&running).await;
+    // ztunnel with XDS_ON_DEMAND: Address subscribe [*] + unsubscribe [*] = nothing yet.
+    client
+        .send(DeltaDiscoveryRequest {
+            node: Some(ztunnel_node("node-a")),
+            type_url: ADDRESS_TYPE.to_string(),
+            resource_names_subscribe: vec!["*".into()],
+            resource_names_unsubscribe: vec!["*".into()],
+            ..Default::default()
+        })
+        .await;
+    let empty = client.recv().await;
+    assert_eq!(empty.type_url, ADDRESS_TYPE);
+    assert!(empty.resources.is_empty() && empty.removed_resources.is_empty());
+    client.ack(&empty).await;
+
+    client
+        .send(DeltaDiscoveryRequest {
+            type_url: ADDRESS_TYPE.to_string(),
+            resource_names_subscribe: vec!["/10.244.1.20".into()],
+            ..Default::default()
+        })
+        .await;
+    let answer = client.recv().await;
+    assert_eq!(names(&answer), vec![DB_1]);
+    // The demanded key itself is listed so that ztunnel's waiter (keyed by it) wakes.
+    assert_eq!(answer.removed_resources, vec!["/10.244.1.20"]);
+    client.ack(&answer).await;
+
+    // A VIP lookup returns the service and its member workloads.
+    client
+        .send(DeltaDiscoveryRequest {
+            type_url: ADDRESS_TYPE.to_string(),
+            resource_names_subscribe: vec!["/10.96.0.10".into()],
+            ..Default::default()
+        })
+        .await;
+    let answer = client.recv().await;
+    assert_eq!(names(&answer), vec![WEB_1, WEB_2, WEB_SVC]);
+    client.ack(&answer).await;
+
+    // An unknown key is answered as removed.
+    client
+        .send(DeltaDiscoveryRequest {
+            type_url: ADDRESS_TYPE.to_string(),
+            resource_names_subscribe: vec!["/192.0.2.1".into()],
+            ..Default::default()
+        })
+        .await;
+    let answer = client.recv().await;
+    assert!(answer.resources.is_empty());
+    assert_eq!(answer.removed_resources, vec!["/192.0.2.1"]);
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_type_url_is_an_error_and_others_keep_being_served() {
+    let mesh = mesh();
+    let running = start(mesh.root()).await;
+    let mut bad = XdsClient::connect(&running).await;
+    bad.send(DeltaDiscoveryRequest {
+        node: Some(ztunnel_node("node-a")),
+        type_url: "type.googleapis.com/envoy.config.cluster.v3.Cluster".into(),
+        ..Default::default()
+    })
+    .await;
+    let status = bad
+        .next()
+        .await
+        .expect_err("an unknown type URL must fail the stream");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().contains("envoy.config.cluster.v3.Cluster"),
+        "{}",
+        status.message()
+    );
+
+    let mut good = XdsClient::connect(&running).await;
+    good.subscribe_wildcard(BTreeMap::new()).await;
+    let (addresses_response, _) = good.initial_sync().await;
+    assert_eq!(addresses_response.resources.len(), 4);
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn state_of_the_world_is_unimplemented() {
+    use ambientd::pb::xds::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+    let mesh = mesh();
+    let running = start(mesh.root()).await;
+    let mut client =
+        AggregatedDiscoveryServiceClient::connect(format!("http://{}", running.xds_address))
+            .await
+            .unwrap();
+    let status = client
+        .stream_aggregated_resources(tokio_stream::iter(Vec::new()))
+        .await
+        .expect_err("SotW must be refused");
+    assert_eq!(status.code(), tonic::Code::Unimplemented);
+    assert!(status.message().contains("DeltaAggregatedResources"));
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn bad_input_is_skipped_and_everything_else_is_served() {
+    let mesh = mesh();
+    // An object with an invalid IP, an unknown kind, and a file that is not YAML at all.
+    mesh.write("bad-ip.yaml", &pod("broken", "10.244.1.300", "web", "v1"));
+    mesh.write(
+        "unknown.yaml",
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n",
+    );
+    mesh.write(
+        "garbage.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: [unclosed\n",
+    );
+    let running = start(mesh.root()).await;
+    let mut client = XdsClient::connect(&running).await;
+    client.subscribe_wildcard(BTreeMap::new()).await;
+    let (initial, _) = client.initial_sync().await;
+    assert_eq!(names(&initial), vec![DB_1, WEB_1, WEB_2, WEB_SVC]);
+
+    // A file that breaks keeps its last good content: db-1 stays.
+    mesh.write("pods/db.yaml", "kind: Pod\n  bad: indentation\n - x");
+    client.expect_silence(Duration::from_millis(700)).await;
+    // And when it is fixed, the fix applies.
+    mesh.write("pods/db.yaml", &pod("db-1", "10.244.1.21", "db", "v1"));
+    let update = client.recv().await;
+    assert_eq!(names(&update), vec![DB_1]);
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn serves_the_example_mesh() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/bookinfo");
+    let running = start(&dir).await;
+    let mut client = XdsClient::connect(&running).await;
+    client.subscribe_wildcard(BTreeMap::new()).await;
+    let (initial, _) = client.initial_sync().await;
+    let decoded = addresses(&initial);
+    let workloads = decoded
+        .values()
+        .filter(|a| {
+            matches!(
+                a.r#type,
+                Some(ambientd::pb::workload::address::Type::Workload(_))
+            )
+        })
+        .count();
+    assert_eq!((workloads, decoded.len() - workloads), (6, 4));
+    running.stop().await;
+}
