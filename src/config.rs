@@ -143,3 +143,50 @@ impl TryFrom<ServeArgs> for Config {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn parse(args: &[&str]) -> Result<ServeArgs, String> {
+        let mut argv = vec!["ambientd", "serve"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv)
+            .map(|cli| match cli.command {
+                Command::Serve(args) => args,
+            })
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_match_istiod() {
+        let config = Config::try_from(parse(&["--manifests", "x"]).unwrap()).unwrap();
+        assert_eq!(config.xds_address.to_string(), "0.0.0.0:15010");
+        assert_eq!(config.debug_address.to_string(), "0.0.0.0:15014");
+        assert_eq!(config.settings.cluster_id, "Kubernetes");
+        assert_eq!(config.settings.trust_domain, "cluster.local");
+        assert_eq!(config.settings.domain, "cluster.local");
+        assert_eq!(config.settings.system_namespace, "istio-system");
+    }
+
+    #[test]
+    fn a_bad_value_names_its_flag() {
+        for (args, flag) in [
+            (&["--xds-address", "nope"][..], "--xds-address"),
+            (&["--debug-address", "1.2.3.4"][..], "--debug-address"),
+            (&["--trust-domain", "bad domain"][..], "--trust-domain"),
+            (&["--cluster-id", ""][..], "--cluster-id"),
+            (&["--log-level", "a=b=c"][..], "--log-level"),
+        ] {
+            let error = parse(args).unwrap_err();
+            assert!(error.contains(flag), "{error}");
+        }
+    }
+
+    #[test]
+    fn missing_manifests_is_a_clear_error() {
+        let error = Config::try_from(parse(&[]).unwrap()).unwrap_err();
+        assert!(error.contains("--manifests"), "{error}");
+    }
+}

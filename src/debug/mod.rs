@@ -26,3 +26,20 @@ async fn ready(State(snapshots): State<Snapshots>) -> (StatusCode, &'static str)
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn ready_is_503_until_the_first_snapshot_then_200() {
+        let (publish, snapshots) = tokio::sync::watch::channel(None);
+        let (code, body) = ready(State(snapshots.clone())).await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("not ready"));
+        publish.send_replace(Some(Arc::new(crate::discovery::Snapshot::default())));
+        let (code, _) = ready(State(snapshots)).await;
+        assert_eq!(code, StatusCode::OK);
+    }
+}

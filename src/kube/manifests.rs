@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::discovery::model::{Event, Kind, Object, ObjectRef};
-use crate::kube::objects::{Decoded, decode};
+use crate::kube::objects::{Decoded, decode, parse_yaml};
 
 /// How long to let a burst of file-system events settle before re-reading.
 const SETTLE: Duration = Duration::from_millis(50);
@@ -221,8 +221,7 @@ fn parse_documents(path: &Path, text: &str) -> Result<Vec<Value>, ManifestError>
             .map(|v| vec![v])
             .map_err(|e| e.to_string())
     } else {
-        let options = serde_saphyr::options! { strict_booleans: true };
-        serde_saphyr::from_multiple_with_options::<Value>(text, options).map_err(|e| e.to_string())
+        parse_yaml(text)
     };
     let documents = documents.map_err(|message| ManifestError::File {
         path: path.to_path_buf(),
@@ -234,7 +233,7 @@ fn parse_documents(path: &Path, text: &str) -> Result<Vec<Value>, ManifestError>
             .trim_start_matches("error: ")
             .to_string(),
     })?;
-    Ok(documents.into_iter().filter(|d| !d.is_null()).collect())
+    Ok(documents)
 }
 
 /// Loads `dir`, sends the full load, then follows changes until `shutdown`.
@@ -334,5 +333,137 @@ fn note(touched: &mut BTreeSet<PathBuf>, event: notify::Result<notify::Event>) -
             warn!(%error, "file watch error; rescanning");
             true
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NODE_A: &str = "apiVersion: v1\nkind: Node\nmetadata: {name: a}\n";
+
+    fn names(events: &[Event]) -> Vec<String> {
+        events
+            .iter()
+            .flat_map(|e| match e {
+                Event::Reset(_, objects) => {
+                    objects.iter().map(|o| o.object_ref().to_string()).collect()
+                }
+                Event::Apply(o) => vec![format!("apply {}", o.object_ref())],
+                Event::Delete(r) => vec![format!("delete {r}")],
+                Event::Synced => vec!["synced".to_string()],
+            })
+            .collect()
+    }
+
+    #[test]
+    fn load_reads_yaml_yml_json_recursively_and_skips_dot_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("nested/deeper")).unwrap();
+        std::fs::create_dir_all(root.join("..data")).unwrap();
+        std::fs::write(
+            root.join("a.yaml"),
+            format!("{NODE_A}---\napiVersion: v1\nkind: Node\nmetadata: {{name: b}}\n"),
+        )
+        .unwrap();
+        std::fs::write(
+            root.join("nested/c.yml"),
+            "apiVersion: v1\nkind: Node\nmetadata: {name: c}\n",
+        )
+        .unwrap();
+        std::fs::write(
+            root.join("nested/deeper/d.json"),
+            r#"{"apiVersion":"v1","kind":"List","items":[{"apiVersion":"v1","kind":"Node","metadata":{"name":"d"}}]}"#,
+        )
+        .unwrap();
+        std::fs::write(
+            root.join("notes.txt"),
+            NODE_A.replace("name: a", "name: txt"),
+        )
+        .unwrap();
+        std::fs::write(
+            root.join("..data/e.yaml"),
+            NODE_A.replace("name: a", "name: hidden"),
+        )
+        .unwrap();
+
+        let mut manifests = ManifestDir::open(root).unwrap();
+        let events = manifests.load();
+        assert_eq!(
+            events.len(),
+            Kind::ALL.len() + 1,
+            "a Reset per kind, then Synced"
+        );
+        assert_eq!(events.last(), Some(&Event::Synced));
+        assert_eq!(
+            names(&events),
+            vec!["Node a", "Node b", "Node c", "Node d", "synced"]
+        );
+    }
+
+    #[test]
+    fn refresh_reports_only_what_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::write(root.join("a.yaml"), NODE_A).unwrap();
+        std::fs::write(
+            root.join("b.yaml"),
+            "apiVersion: v1\nkind: Node\nmetadata: {name: b}\n",
+        )
+        .unwrap();
+        let mut manifests = ManifestDir::open(root).unwrap();
+        manifests.load();
+
+        let touched: BTreeSet<PathBuf> = [root.join("a.yaml")].into();
+        assert!(
+            manifests.refresh(&touched).is_empty(),
+            "same content: no events"
+        );
+
+        std::fs::write(
+            root.join("a.yaml"),
+            "apiVersion: v1\nkind: Node\nmetadata: {name: a, labels: {x: y}}\n",
+        )
+        .unwrap();
+        std::fs::remove_file(root.join("b.yaml")).unwrap();
+        std::fs::write(
+            root.join("c.yaml"),
+            "apiVersion: v1\nkind: Node\nmetadata: {name: c}\n",
+        )
+        .unwrap();
+        let touched: BTreeSet<PathBuf> = [root.join("a.yaml")].into();
+        assert_eq!(
+            names(&manifests.refresh(&touched)),
+            vec!["apply Node a", "apply Node c", "delete Node b"]
+        );
+    }
+
+    #[test]
+    fn a_broken_file_keeps_its_last_good_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::write(root.join("a.yaml"), NODE_A).unwrap();
+        let mut manifests = ManifestDir::open(root).unwrap();
+        manifests.load();
+        std::fs::write(root.join("a.yaml"), "kind: [broken\n").unwrap();
+        let touched: BTreeSet<PathBuf> = [root.join("a.yaml")].into();
+        assert!(manifests.refresh(&touched).is_empty());
+        let error = read_file(&root.join("a.yaml")).unwrap_err().to_string();
+        assert!(
+            error.contains("a.yaml") && error.contains("line 1"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn open_fails_clearly_for_a_missing_directory() {
+        let error = ManifestDir::open("/nonexistent/ambientd-manifests").unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("/nonexistent/ambientd-manifests"),
+            "{error}"
+        );
     }
 }

@@ -38,6 +38,16 @@ pub enum Decoded {
     Invalid(ObjectError),
 }
 
+/// Parses YAML text into its documents, as kubectl reads it but with YAML 1.2 booleans
+/// (`n`, `yes` and `off` stay strings). Empty documents are dropped. The error's first line
+/// has the position.
+pub fn parse_yaml(text: &str) -> Result<Vec<Value>, String> {
+    let options = serde_saphyr::options! { strict_booleans: true };
+    serde_saphyr::from_multiple_with_options::<Value>(text, options)
+        .map(|documents| documents.into_iter().filter(|d| !d.is_null()).collect())
+        .map_err(|e| e.to_string())
+}
+
 /// Decodes one Kubernetes object (a JSON value), expanding `kind: List` into its items.
 pub fn decode(value: Value) -> Vec<Decoded> {
     let api_version = value
@@ -110,8 +120,6 @@ fn scalar_text(value: Value) -> String {
     match value {
         Value::String(s) => s,
         Value::Null => String::new(),
-        Value::Bool(true) => "True".to_string(),
-        Value::Bool(false) => "False".to_string(),
         other => other.to_string(),
     }
 }
@@ -305,7 +313,8 @@ impl RawPod {
             ready: status
                 .conditions
                 .iter()
-                .any(|c| c.kind == "Ready" && c.status == "True"),
+                // `status: True` unquoted is a YAML boolean, read as the text "true".
+                .any(|c| c.kind == "Ready" && c.status.eq_ignore_ascii_case("true")),
             ips,
             service_account: spec
                 .service_account_name
@@ -462,5 +471,122 @@ fn protocol(value: Option<&str>) -> Result<Protocol, String> {
         "UDP" => Ok(Protocol::Udp),
         "SCTP" => Ok(Protocol::Sctp),
         other => Err(format!("protocol {other:?} is not TCP, UDP or SCTP")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(yaml: &str) -> Decoded {
+        let mut documents = parse_yaml(yaml).expect("yaml");
+        assert_eq!(documents.len(), 1);
+        let mut decoded = decode(documents.remove(0));
+        assert_eq!(decoded.len(), 1, "{decoded:?}");
+        decoded.remove(0)
+    }
+
+    fn object(yaml: &str) -> Object {
+        match one(yaml) {
+            Decoded::Object(o) => o,
+            other => panic!("expected an object, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn service_defaults_are_those_of_the_api_server() {
+        let Object::Service(svc) = object(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec:\n  clusterIP: 10.0.0.1\n  ports: [{port: 80}]\n",
+        ) else {
+            panic!("not a service")
+        };
+        assert_eq!(svc.namespace, "default");
+        assert_eq!(svc.ports[0].target_port, TargetPort::Number(80));
+        assert_eq!(svc.ports[0].protocol, Protocol::Tcp);
+        assert_eq!(svc.cluster_ips, vec!["10.0.0.1".parse::<IpAddr>().unwrap()]);
+        assert_eq!(svc.ip_families, vec![IpFamily::V4]);
+        assert!(!svc.external_name && !svc.internal_traffic_local);
+    }
+
+    #[test]
+    fn headless_service_has_no_cluster_ips_and_named_target_ports_stay_named() {
+        let Object::Service(svc) = object(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: n}\nspec:\n  clusterIP: None\n  ports: [{port: 80, targetPort: http, protocol: UDP}]\n",
+        ) else {
+            panic!("not a service")
+        };
+        assert!(svc.cluster_ips.is_empty());
+        assert_eq!(svc.ports[0].target_port, TargetPort::Name("http".into()));
+        assert_eq!(svc.ports[0].protocol, Protocol::Udp);
+    }
+
+    #[test]
+    fn pod_defaults_are_those_of_the_api_server() {
+        let Object::Pod(pod) = object(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p, labels: {version: 2, flag: true}}\nspec:\n  containers: [{name: c, ports: [{name: http, containerPort: 8080}]}]\nstatus: {podIP: 10.1.1.1, conditions: [{type: Ready, status: True}]}\n",
+        ) else {
+            panic!("not a pod")
+        };
+        assert_eq!(pod.namespace, "default");
+        assert_eq!(pod.service_account, "default");
+        assert_eq!(pod.phase, "Pending");
+        assert_eq!(pod.ips, vec!["10.1.1.1".parse::<IpAddr>().unwrap()]);
+        assert_eq!(pod.ports[0].protocol, Protocol::Tcp);
+        assert!(pod.ready, "an unquoted True condition still counts");
+        assert_eq!(pod.labels["version"], "2");
+        assert_eq!(pod.labels["flag"], "true");
+    }
+
+    #[test]
+    fn native_sidecar_ports_count_and_plain_init_container_ports_do_not() {
+        let Object::Pod(pod) = object(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  initContainers:\n  - {name: side, restartPolicy: Always, ports: [{name: metrics, containerPort: 9090}]}\n  - {name: init, ports: [{name: setup, containerPort: 7000}]}\n",
+        ) else {
+            panic!("not a pod")
+        };
+        let names: Vec<_> = pod.ports.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, vec!["metrics"]);
+    }
+
+    #[test]
+    fn invalid_objects_name_the_object_and_field() {
+        let Decoded::Invalid(error) = one(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: n}\nstatus: {podIP: 10.0.0.300}\n",
+        ) else {
+            panic!("expected invalid")
+        };
+        let text = error.to_string();
+        assert!(text.contains("v1/Pod n/p"), "{text}");
+        assert!(text.contains("status.podIPs[0].ip"), "{text}");
+
+        let Decoded::Invalid(error) = one(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec: {ports: [{port: 70000}]}\n",
+        ) else {
+            panic!("expected invalid")
+        };
+        assert!(error.to_string().contains("spec.ports[0].port"), "{error}");
+
+        let Decoded::Invalid(error) = one("apiVersion: v1\nkind: Node\nmetadata: {}\n") else {
+            panic!("expected invalid")
+        };
+        assert!(error.to_string().contains("metadata.name"), "{error}");
+    }
+
+    #[test]
+    fn lists_expand_and_unknown_kinds_are_ignored() {
+        let value: Value = serde_json::json!({
+            "apiVersion": "v1", "kind": "List", "items": [
+                {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "a"}},
+                {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}},
+            ]
+        });
+        let decoded = decode(value);
+        assert!(matches!(decoded[0], Decoded::Object(Object::Node(_))));
+        assert!(matches!(&decoded[1], Decoded::Ignored(kind) if kind == "apps/v1/Deployment"));
+        // Only the core group's Service is a Service.
+        assert!(matches!(
+            one("apiVersion: serving.knative.dev/v1\nkind: Service\nmetadata: {name: k}\n"),
+            Decoded::Ignored(_)
+        ));
     }
 }
