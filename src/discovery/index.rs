@@ -1,26 +1,25 @@
 //! The index: stored objects, their dependants, and the encoded resources built from them.
 //!
 //! Every mutation works the same way: find the resources the change can affect (its
-//! dependants), store the new object, rebuild exactly those resources, and record a change only
-//! for those whose bytes differ from before. A relist ([`Index::reset`]) is the truth: objects
+//! dependants, computed against the state before and after), store the new object, rebuild
+//! exactly those resources, and record a change only for those whose bytes differ from before.
+//! Waypoint dependencies are recorded as builders read them, so a waypoint change re-evaluates
+//! exactly the objects that looked it up. A relist ([`Index::reset`]) is the truth: objects
 //! missing from it are deleted, whatever deletes were missed.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::discovery::model::{
-    Event, Kind, Namespace, Node, Object, ObjectRef, Pod, Service, selects,
-};
-use crate::discovery::names::{
-    ADDRESS_TYPE, TypeKind, network_address_key, pod_uid, service_hostname, service_key,
-};
+use crate::discovery::model::{Event, Kind, Object, ObjectRef, selects};
+use crate::discovery::names::{ADDRESS_TYPE, TypeKind, network_address_key, service_key};
 use crate::discovery::snapshot::{Changes, HISTORY, Resource, ResourceMap, Snapshot};
-use crate::discovery::{service, workload};
-use crate::pb::workload::{Address, address};
+use crate::discovery::store::{Key, ServiceRef, Store, slice_pods};
+use crate::discovery::waypoint::Waypoint;
+use crate::discovery::{endpoint_slice, entry, service, service_entry, workload};
+use crate::pb::workload::{self as wl, Address, address};
 
-/// The label on the system namespace that names the local network.
-pub const NETWORK_LABEL: &str = "topology.istio.io/network";
+pub use crate::discovery::store::NETWORK_LABEL;
 
 /// Mesh-wide settings the conversion reads.
 #[derive(Clone, Debug)]
@@ -56,65 +55,33 @@ impl Settings {
     }
 }
 
-type Key = (String, String);
-
-/// The stored inputs, plus reverse indexes for the lookups builders and dependency tracking do.
-#[derive(Debug, Default)]
-pub struct Objects {
-    pub namespaces: HashMap<String, Namespace>,
-    pub nodes: HashMap<String, Node>,
-    pub pods: HashMap<Key, Pod>,
-    pub services: HashMap<Key, Service>,
-    pods_by_namespace: HashMap<String, BTreeSet<String>>,
-    pods_by_node: HashMap<String, BTreeSet<Key>>,
-    services_by_namespace: HashMap<String, BTreeSet<String>>,
-}
-
-impl Objects {
-    /// The local network: the system namespace's `topology.istio.io/network` label, or `""`.
-    pub fn network(&self, settings: &Settings) -> &str {
-        self.namespaces
-            .get(&settings.system_namespace)
-            .and_then(|ns| ns.labels.get(NETWORK_LABEL))
-            .map_or("", String::as_str)
-    }
-
-    /// Services of one namespace, in name order.
-    pub fn services_in<'a>(&'a self, namespace: &str) -> impl Iterator<Item = &'a Service> + 'a {
-        let names = self.services_by_namespace.get(namespace);
-        let namespace = namespace.to_string();
-        names
-            .into_iter()
-            .flatten()
-            .filter_map(move |name| self.services.get(&(namespace.clone(), name.clone())))
-    }
-
-    fn pods_in(&self, namespace: &str) -> impl Iterator<Item = &Pod> + '_ {
-        let names = self.pods_by_namespace.get(namespace);
-        let namespace = namespace.to_string();
-        names
-            .into_iter()
-            .flatten()
-            .filter_map(move |name| self.pods.get(&(namespace.clone(), name.clone())))
-    }
-}
-
-/// A resource to rebuild.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Target {
-    Service(Key),
+/// A unit of rebuilding: one object and every resource it produces.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Target {
+    KubeService(Key),
+    EntryServices(Key),
     Pod(Key),
+    WorkloadEntry(Key),
+    EntryWorkloads(Key),
+    Slice(Key),
 }
 
 /// Applies events and keeps every resource built and encoded. One owner; readers get snapshots.
 #[derive(Debug)]
 pub struct Index {
     settings: Settings,
-    objects: Objects,
+    store: Store,
     addresses: ResourceMap,
     authorizations: ResourceMap,
     aliases: imbl::HashMap<String, imbl::OrdSet<String>>,
     members: imbl::HashMap<String, imbl::OrdSet<String>>,
+    /// Resource names each target produced last time.
+    produced: HashMap<Target, BTreeSet<String>>,
+    /// The target that produced each resource name.
+    owners: HashMap<String, Target>,
+    /// Waypoint -> targets that looked it up, and the reverse.
+    waypoint_readers: HashMap<Key, HashSet<Target>>,
+    target_reads: HashMap<Target, Vec<Key>>,
     generation: u64,
     history: imbl::Vector<(u64, Arc<Changes>)>,
     unpublished: Changes,
@@ -124,11 +91,15 @@ impl Index {
     pub fn new(settings: Settings) -> Self {
         Index {
             settings,
-            objects: Objects::default(),
+            store: Store::default(),
             addresses: ResourceMap::default(),
             authorizations: ResourceMap::default(),
             aliases: imbl::HashMap::default(),
             members: imbl::HashMap::default(),
+            produced: HashMap::new(),
+            owners: HashMap::new(),
+            waypoint_readers: HashMap::new(),
+            target_reads: HashMap::new(),
             generation: 0,
             history: imbl::Vector::new(),
             unpublished: Changes::default(),
@@ -139,89 +110,9 @@ impl Index {
         &self.settings
     }
 
-    pub fn objects(&self) -> &Objects {
-        &self.objects
-    }
-
-    /// Creates or replaces one object.
-    pub fn apply(&mut self, object: Object) -> Changes {
-        let mut targets = BTreeSet::new();
-        match object {
-            Object::Namespace(ns) => {
-                let old = self.objects.namespaces.get(&ns.name);
-                self.namespace_dependants(&ns.name, old, Some(&ns), &mut targets);
-                self.objects.namespaces.insert(ns.name.clone(), ns);
-            }
-            Object::Node(node) => {
-                self.node_dependants(&node.name, &mut targets);
-                self.objects.nodes.insert(node.name.clone(), node);
-            }
-            Object::Pod(pod) => {
-                let key = (pod.namespace.clone(), pod.name.clone());
-                self.unlink_pod(&key);
-                self.objects
-                    .pods_by_namespace
-                    .entry(pod.namespace.clone())
-                    .or_default()
-                    .insert(pod.name.clone());
-                self.objects
-                    .pods_by_node
-                    .entry(pod.node_name.clone())
-                    .or_default()
-                    .insert(key.clone());
-                self.objects.pods.insert(key.clone(), pod);
-                targets.insert(Target::Pod(key));
-            }
-            Object::Service(svc) => {
-                let key = (svc.namespace.clone(), svc.name.clone());
-                if let Some(old) = self.objects.services.get(&key) {
-                    self.service_dependants(old, &mut targets);
-                }
-                self.service_dependants(&svc, &mut targets);
-                self.objects
-                    .services_by_namespace
-                    .entry(svc.namespace.clone())
-                    .or_default()
-                    .insert(svc.name.clone());
-                self.objects.services.insert(key, svc);
-            }
-        }
-        self.rebuild(targets)
-    }
-
-    /// Removes one object, if present.
-    pub fn delete(&mut self, object: &ObjectRef) -> Changes {
-        let mut targets = BTreeSet::new();
-        let key = (object.namespace.clone(), object.name.clone());
-        match object.kind {
-            Kind::Namespace => {
-                if let Some(old) = self.objects.namespaces.remove(&object.name) {
-                    self.namespace_dependants(&object.name, Some(&old), None, &mut targets);
-                }
-            }
-            Kind::Node => {
-                if self.objects.nodes.remove(&object.name).is_some() {
-                    self.node_dependants(&object.name, &mut targets);
-                }
-            }
-            Kind::Pod => {
-                if self.objects.pods.contains_key(&key) {
-                    self.unlink_pod(&key);
-                    self.objects.pods.remove(&key);
-                    targets.insert(Target::Pod(key));
-                }
-            }
-            Kind::Service => {
-                if let Some(old) = self.objects.services.remove(&key) {
-                    // Still a target (to remove it) and its selected pods lose a membership.
-                    self.service_dependants(&old, &mut targets);
-                    if let Some(names) = self.objects.services_by_namespace.get_mut(&key.0) {
-                        names.remove(&key.1);
-                    }
-                }
-            }
-        }
-        self.rebuild(targets)
+    /// The stored objects.
+    pub fn store(&self) -> &Store {
+        &self.store
     }
 
     /// Applies one source event. `Synced` changes nothing here; the caller uses it for readiness.
@@ -234,10 +125,42 @@ impl Index {
         }
     }
 
+    /// Creates or replaces one object.
+    pub fn apply(&mut self, object: Object) -> Changes {
+        if self.store.holds(&object) {
+            return Changes::default();
+        }
+        let reference = object.object_ref();
+        let mut targets = BTreeSet::new();
+        if let Some(old) = self.stored(&reference) {
+            self.dependants(&old, &mut targets);
+        }
+        let network_before = self.store.network(&self.settings).to_string();
+        self.store.insert(object.clone(), &self.settings);
+        self.dependants(&object, &mut targets);
+        self.after_change(&reference, &network_before, &mut targets);
+        self.rebuild(targets)
+    }
+
+    /// Removes one object, if present.
+    pub fn delete(&mut self, reference: &ObjectRef) -> Changes {
+        let Some(old) = self.stored(reference) else {
+            return Changes::default();
+        };
+        let mut targets = BTreeSet::new();
+        self.dependants(&old, &mut targets);
+        let network_before = self.store.network(&self.settings).to_string();
+        self.store.remove(reference, &self.settings);
+        self.dependants(&old, &mut targets);
+        self.after_change(reference, &network_before, &mut targets);
+        self.rebuild(targets)
+    }
+
     /// Replaces every object of `kind` with `objects`: the relist is the truth.
     pub fn reset(&mut self, kind: Kind, objects: Vec<Object>) -> Changes {
         let keep: BTreeSet<ObjectRef> = objects.iter().map(Object::object_ref).collect();
         let stale: Vec<ObjectRef> = self
+            .store
             .refs(kind)
             .into_iter()
             .filter(|r| !keep.contains(r))
@@ -247,9 +170,6 @@ impl Index {
             changes.merge(&self.delete(object));
         }
         for object in objects.into_iter().filter(|o| o.kind() == kind) {
-            if self.stored(&object) {
-                continue;
-            }
             changes.merge(&self.apply(object));
         }
         changes
@@ -278,174 +198,328 @@ impl Index {
         !self.unpublished.is_empty()
     }
 
-    fn stored(&self, object: &Object) -> bool {
-        match object {
-            Object::Namespace(n) => self.objects.namespaces.get(&n.name) == Some(n),
-            Object::Node(n) => self.objects.nodes.get(&n.name) == Some(n),
-            Object::Pod(p) => {
-                self.objects
-                    .pods
-                    .get(&(p.namespace.clone(), p.name.clone()))
-                    == Some(p)
-            }
-            Object::Service(s) => {
-                self.objects
-                    .services
-                    .get(&(s.namespace.clone(), s.name.clone()))
-                    == Some(s)
-            }
+    /// A copy of the stored object a reference names.
+    fn stored(&self, r: &ObjectRef) -> Option<Object> {
+        let k = (r.namespace.clone(), r.name.clone());
+        let s = &self.store;
+        match r.kind {
+            Kind::Namespace => s.namespaces.get(&r.name).cloned().map(Object::Namespace),
+            Kind::Node => s.nodes.get(&r.name).cloned().map(Object::Node),
+            Kind::GatewayClass => s
+                .gateway_classes
+                .get(&r.name)
+                .cloned()
+                .map(Object::GatewayClass),
+            Kind::Gateway => s.gateways.get(&k).cloned().map(Object::Gateway),
+            Kind::Pod => s.pods.get(&k).cloned().map(Object::Pod),
+            Kind::Service => s.services.get(&k).cloned().map(Object::Service),
+            Kind::ServiceEntry => s.service_entries.get(&k).cloned().map(Object::ServiceEntry),
+            Kind::WorkloadEntry => s
+                .workload_entries
+                .get(&k)
+                .cloned()
+                .map(Object::WorkloadEntry),
+            Kind::EndpointSlice => s.slices.get(&k).cloned().map(Object::EndpointSlice),
         }
     }
 
-    fn refs(&self, kind: Kind) -> Vec<ObjectRef> {
-        match kind {
-            Kind::Namespace => self
-                .objects
-                .namespaces
-                .keys()
-                .map(|n| ObjectRef::new(kind, "", n))
-                .collect(),
-            Kind::Node => self
-                .objects
-                .nodes
-                .keys()
-                .map(|n| ObjectRef::new(kind, "", n))
-                .collect(),
-            Kind::Pod => self
-                .objects
-                .pods
-                .keys()
-                .map(|(ns, n)| ObjectRef::new(kind, ns, n))
-                .collect(),
-            Kind::Service => self
-                .objects
-                .services
-                .keys()
-                .map(|(ns, n)| ObjectRef::new(kind, ns, n))
-                .collect(),
-        }
-    }
-
-    fn unlink_pod(&mut self, key: &Key) {
-        let Some(old) = self.objects.pods.get(key) else {
-            return;
-        };
-        if let Some(names) = self.objects.pods_by_namespace.get_mut(&key.0) {
-            names.remove(&key.1);
-        }
-        if let Some(keys) = self.objects.pods_by_node.get_mut(&old.node_name) {
-            keys.remove(key);
-        }
-    }
-
-    /// A namespace's pods and services read its labels and annotations; the system namespace's
-    /// network label is read by everything.
-    fn namespace_dependants(
-        &self,
-        name: &str,
-        old: Option<&Namespace>,
-        new: Option<&Namespace>,
+    /// Waypoints and the network, which many objects read: recompute them after a change and
+    /// add the readers of whatever changed.
+    fn after_change(
+        &mut self,
+        reference: &ObjectRef,
+        network_before: &str,
         targets: &mut BTreeSet<Target>,
     ) {
-        let network_of =
-            |ns: Option<&Namespace>| ns.and_then(|n| n.labels.get(NETWORK_LABEL)).cloned();
-        if name == self.settings.system_namespace && network_of(old) != network_of(new) {
-            targets.extend(self.objects.pods.keys().cloned().map(Target::Pod));
-            targets.extend(self.objects.services.keys().cloned().map(Target::Service));
+        let network_changed = self.store.network(&self.settings) != network_before;
+        let gateways: Vec<Key> = match reference.kind {
+            _ if network_changed => self.store.gateways.keys().cloned().collect(),
+            Kind::Gateway => vec![(reference.namespace.clone(), reference.name.clone())],
+            Kind::GatewayClass => self
+                .store
+                .gateways
+                .iter()
+                .filter(|(_, g)| g.class_name == reference.name)
+                .map(|(k, _)| k.clone())
+                .collect(),
+            _ => Vec::new(),
+        };
+        for key in gateways {
+            let network = self.store.network(&self.settings);
+            let waypoint = self.store.gateways.get(&key).and_then(|gw| {
+                Waypoint::from_gateway(gw, self.store.gateway_classes.get(&gw.class_name), network)
+            });
+            if self.store.waypoints.get(&key) == waypoint.as_ref() {
+                continue;
+            }
+            match waypoint {
+                Some(w) => self.store.waypoints.insert(key.clone(), w),
+                None => self.store.waypoints.remove(&key),
+            };
+            if let Some(readers) = self.waypoint_readers.get(&key) {
+                targets.extend(readers.iter().cloned());
+            }
+        }
+        if network_changed {
+            targets.extend(self.all_targets());
+        }
+    }
+
+    fn all_targets(&self) -> Vec<Target> {
+        let s = &self.store;
+        let mut all: Vec<Target> = Vec::new();
+        all.extend(s.pods.keys().cloned().map(Target::Pod));
+        all.extend(s.services.keys().cloned().map(Target::KubeService));
+        all.extend(s.service_entries.keys().cloned().map(Target::EntryServices));
+        all.extend(
+            s.service_entries
+                .keys()
+                .cloned()
+                .map(Target::EntryWorkloads),
+        );
+        all.extend(
+            s.workload_entries
+                .keys()
+                .cloned()
+                .map(Target::WorkloadEntry),
+        );
+        all.extend(s.slices.keys().cloned().map(Target::Slice));
+        all
+    }
+
+    /// Every target in a namespace.
+    fn namespace_targets(&self, namespace: &str, targets: &mut BTreeSet<Target>) {
+        let Some(m) = self.store.members(namespace) else {
             return;
-        }
+        };
+        let key = |name: &String| (namespace.to_string(), name.clone());
+        targets.extend(m.pods.iter().map(key).map(Target::Pod));
+        targets.extend(m.services.iter().map(key).map(Target::KubeService));
+        targets.extend(m.service_entries.iter().map(key).map(Target::EntryServices));
         targets.extend(
-            self.objects
-                .pods_in(name)
-                .map(|p| Target::Pod((p.namespace.clone(), p.name.clone()))),
+            m.service_entries
+                .iter()
+                .map(key)
+                .map(Target::EntryWorkloads),
         );
         targets.extend(
-            self.objects
-                .services_in(name)
-                .map(|s| Target::Service((s.namespace.clone(), s.name.clone()))),
+            m.workload_entries
+                .iter()
+                .map(key)
+                .map(Target::WorkloadEntry),
         );
+        targets.extend(m.slices.iter().map(key).map(Target::Slice));
     }
 
-    fn node_dependants(&self, name: &str, targets: &mut BTreeSet<Target>) {
-        if let Some(keys) = self.objects.pods_by_node.get(name) {
-            targets.extend(keys.iter().cloned().map(Target::Pod));
+    /// Pods and WorkloadEntries of `namespace` that `selector` picks.
+    fn selected_workloads(
+        &self,
+        namespace: &str,
+        selector: &crate::discovery::model::Labels,
+        targets: &mut BTreeSet<Target>,
+    ) {
+        for pod in self.store.pods_in(namespace) {
+            if selects(selector, &pod.labels) {
+                targets.insert(Target::Pod((pod.namespace.clone(), pod.name.clone())));
+            }
+        }
+        for we in self.store.workload_entries_in(namespace) {
+            if selects(selector, &we.labels) {
+                targets.insert(Target::WorkloadEntry((
+                    we.namespace.clone(),
+                    we.name.clone(),
+                )));
+            }
         }
     }
 
-    /// The service itself and every pod its selector picks.
-    fn service_dependants(&self, svc: &Service, targets: &mut BTreeSet<Target>) {
-        targets.insert(Target::Service((svc.namespace.clone(), svc.name.clone())));
-        targets.extend(
-            self.objects
-                .pods_in(&svc.namespace)
-                .filter(|p| selects(&svc.selector, &p.labels))
-                .map(|p| Target::Pod((p.namespace.clone(), p.name.clone()))),
-        );
+    /// Everything built from `object`, or from other objects that read it, in the current
+    /// state of the store.
+    fn dependants(&self, object: &Object, targets: &mut BTreeSet<Target>) {
+        let key = {
+            let r = object.object_ref();
+            (r.namespace, r.name)
+        };
+        match object {
+            Object::Namespace(ns) => self.namespace_targets(&ns.name, targets),
+            Object::Node(node) => {
+                if let Some(keys) = self.store.pods_by_node.get(&node.name) {
+                    targets.extend(keys.iter().cloned().map(Target::Pod));
+                }
+            }
+            // Waypoints are handled by `after_change`.
+            Object::Gateway(_) | Object::GatewayClass(_) => {}
+            Object::Pod(_) => {
+                targets.insert(Target::Pod(key));
+            }
+            Object::WorkloadEntry(_) => {
+                targets.insert(Target::WorkloadEntry(key));
+            }
+            Object::EndpointSlice(slice) => {
+                targets.insert(Target::Slice(key));
+                targets.extend(slice_pods(slice).into_iter().map(Target::Pod));
+            }
+            Object::Service(svc) => {
+                targets.insert(Target::KubeService(key.clone()));
+                self.selected_workloads(&svc.namespace, &svc.selector, targets);
+                if let Some(slices) = self.store.slices_by_service.get(&key) {
+                    for name in slices {
+                        let slice_key = (svc.namespace.clone(), name.clone());
+                        if let Some(slice) = self.store.slices.get(&slice_key) {
+                            targets.extend(slice_pods(slice).into_iter().map(Target::Pod));
+                        }
+                        targets.insert(Target::Slice(slice_key));
+                    }
+                }
+                let hosts = self
+                    .store
+                    .claimed_hostnames(&ServiceRef::Kube(key.clone()), &self.settings);
+                self.hostname_rivals(&hosts, targets);
+            }
+            Object::ServiceEntry(se) => {
+                targets.insert(Target::EntryServices(key.clone()));
+                targets.insert(Target::EntryWorkloads(key));
+                if let Some(selector) = &se.workload_selector {
+                    self.selected_workloads(&se.namespace, selector, targets);
+                }
+                self.hostname_rivals(&se.hosts, targets);
+            }
+        }
+    }
+
+    /// Objects claiming the same hostnames: who wins, and who is canonical, may change.
+    fn hostname_rivals(&self, hosts: &[String], targets: &mut BTreeSet<Target>) {
+        for host in hosts {
+            let Some(claimants) = self.store.hostnames.get(host) else {
+                continue;
+            };
+            for (_, claimant) in claimants {
+                match claimant {
+                    ServiceRef::Kube(k) => {
+                        targets.insert(Target::KubeService(k.clone()));
+                    }
+                    ServiceRef::Entry(k) => {
+                        targets.insert(Target::EntryServices(k.clone()));
+                        targets.insert(Target::EntryWorkloads(k.clone()));
+                        if let Some(selector) = self
+                            .store
+                            .service_entries
+                            .get(k)
+                            .and_then(|se| se.workload_selector.as_ref())
+                        {
+                            self.selected_workloads(&k.0, selector, targets);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Builds every resource of one target.
+    fn build(&self, target: &Target, reads: &mut Vec<Key>) -> Vec<Resource> {
+        let (settings, store) = (&self.settings, &self.store);
+        match target {
+            Target::Pod(k) => store
+                .pods
+                .get(k)
+                .and_then(|pod| workload::build(settings, store, pod, reads))
+                .map(workload_resource)
+                .into_iter()
+                .collect(),
+            Target::WorkloadEntry(k) => store
+                .workload_entries
+                .get(k)
+                .map(|we| workload_resource(entry::workload_entry(settings, store, we, reads)))
+                .into_iter()
+                .collect(),
+            Target::EntryWorkloads(k) => store
+                .service_entries
+                .get(k)
+                .map(|se| entry::service_entry_workloads(settings, store, se, reads))
+                .unwrap_or_default()
+                .into_values()
+                .map(workload_resource)
+                .collect(),
+            Target::Slice(k) => store
+                .slices
+                .get(k)
+                .map(|slice| endpoint_slice::build(settings, store, slice))
+                .unwrap_or_default()
+                .into_values()
+                .map(workload_resource)
+                .collect(),
+            Target::KubeService(k) => store
+                .services
+                .get(k)
+                .and_then(|svc| service::build(settings, store, svc, reads))
+                .map(service_resource)
+                .into_iter()
+                .collect(),
+            Target::EntryServices(k) => store
+                .service_entries
+                .get(k)
+                .map(|se| service_entry::build(settings, store, se, reads))
+                .unwrap_or_default()
+                .into_iter()
+                .map(service_resource)
+                .collect(),
+        }
     }
 
     fn rebuild(&mut self, targets: BTreeSet<Target>) -> Changes {
         let mut changes = Changes::default();
+        let mut released: Vec<(String, Target)> = Vec::new();
         for target in targets {
-            match target {
-                Target::Pod(key) => {
-                    let name = pod_uid(&self.settings.cluster_id, &key.0, &key.1);
-                    let built = self
-                        .objects
-                        .pods
-                        .get(&key)
-                        .and_then(|pod| workload::build(&self.settings, &self.objects, pod));
-                    let resource = built.map(|w| {
-                        let aliases = aliases(&w.network, &w.addresses);
-                        let services = w.services.keys().cloned().collect();
-                        let message = Address {
-                            r#type: Some(address::Type::Workload(w)),
-                        };
-                        Resource::encode(
-                            ADDRESS_TYPE,
-                            name.clone(),
-                            aliases,
-                            false,
-                            services,
-                            &message,
-                        )
-                    });
-                    self.set_address(&name, resource, &mut changes);
-                }
-                Target::Service(key) => {
-                    let hostname = service_hostname(&key.1, &key.0, &self.settings.domain);
-                    let name = service_key(&key.0, &hostname);
-                    let built = self
-                        .objects
-                        .services
-                        .get(&key)
-                        .and_then(|svc| service::build(&self.settings, &self.objects, svc));
-                    let resource = built.map(|s| {
-                        let vips: Vec<_> = s.addresses.iter().map(|a| a.address.clone()).collect();
-                        let aliases = aliases(
-                            &s.addresses
-                                .first()
-                                .map(|a| a.network.clone())
-                                .unwrap_or_default(),
-                            &vips,
-                        );
-                        let message = Address {
-                            r#type: Some(address::Type::Service(s)),
-                        };
-                        Resource::encode(
-                            ADDRESS_TYPE,
-                            name.clone(),
-                            aliases,
-                            true,
-                            Vec::new(),
-                            &message,
-                        )
-                    });
-                    self.set_address(&name, resource, &mut changes);
-                }
+            let mut reads = Vec::new();
+            let resources = self.build(&target, &mut reads);
+            self.record_reads(&target, reads);
+            let names: BTreeSet<String> = resources.iter().map(|r| r.name.clone()).collect();
+            let before = if names.is_empty() {
+                self.produced.remove(&target)
+            } else {
+                self.produced.insert(target.clone(), names.clone())
+            };
+            for name in before.unwrap_or_default().difference(&names) {
+                released.push((name.clone(), target.clone()));
+            }
+            for resource in resources {
+                self.owners.insert(resource.name.clone(), target.clone());
+                let name = resource.name.clone();
+                self.set_address(&name, Some(resource), &mut changes);
+            }
+        }
+        // A name another target took over in this same step stays.
+        for (name, target) in released {
+            if self.owners.get(&name) == Some(&target) {
+                self.owners.remove(&name);
+                self.set_address(&name, None, &mut changes);
             }
         }
         self.unpublished.merge(&changes);
         changes
+    }
+
+    fn record_reads(&mut self, target: &Target, reads: Vec<Key>) {
+        if let Some(old) = self.target_reads.remove(target) {
+            for key in old {
+                if let Some(readers) = self.waypoint_readers.get_mut(&key) {
+                    readers.remove(target);
+                    if readers.is_empty() {
+                        self.waypoint_readers.remove(&key);
+                    }
+                }
+            }
+        }
+        if reads.is_empty() {
+            return;
+        }
+        for key in &reads {
+            self.waypoint_readers
+                .entry(key.clone())
+                .or_default()
+                .insert(target.clone());
+        }
+        self.target_reads.insert(target.clone(), reads);
     }
 
     /// Stores (or removes) one Address resource, keeping the alias and member indexes in step,
@@ -487,6 +561,35 @@ impl Index {
             }
         }
     }
+}
+
+fn workload_resource(w: wl::Workload) -> Resource {
+    let aliases = aliases(&w.network, &w.addresses);
+    let services = w.services.keys().cloned().collect();
+    let name = w.uid.clone();
+    let message = Address {
+        r#type: Some(address::Type::Workload(w)),
+    };
+    Resource::encode(ADDRESS_TYPE, name, aliases, false, services, &message)
+}
+
+fn service_resource(s: wl::Service) -> Resource {
+    let name = service_key(&s.namespace, &s.hostname);
+    let aliases = s
+        .addresses
+        .iter()
+        .filter_map(|a| {
+            let ip = ip_from_bytes(&a.address)?;
+            Some(match a.length {
+                Some(len) => format!("{}/{len}", network_address_key(&a.network, &ip)),
+                None => network_address_key(&a.network, &ip),
+            })
+        })
+        .collect();
+    let message = Address {
+        r#type: Some(address::Type::Service(s)),
+    };
+    Resource::encode(ADDRESS_TYPE, name, aliases, true, Vec::new(), &message)
 }
 
 fn remove_from(map: &mut imbl::HashMap<String, imbl::OrdSet<String>>, key: &str, name: &str) {

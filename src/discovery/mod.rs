@@ -4,11 +4,20 @@
 //! owned by one task; it applies events and returns the [`Changes`] they caused, and hands out
 //! immutable [`Snapshot`]s for everyone else to read.
 
+pub mod authorization;
+pub mod endpoint_slice;
+pub mod entry;
+pub mod evaluator;
 pub mod index;
+pub mod membership;
 pub mod model;
 pub mod names;
+pub mod peer_authentication;
 pub mod service;
+pub mod service_entry;
 pub mod snapshot;
+pub mod store;
+pub mod waypoint;
 pub mod workload;
 
 pub use index::{Index, Settings};

@@ -19,15 +19,35 @@ pub enum Kind {
     Node,
     Pod,
     Service,
+    EndpointSlice,
+    ServiceEntry,
+    WorkloadEntry,
+    GatewayClass,
+    Gateway,
 }
 
 impl Kind {
     /// Every kind, in the order a full load applies them (containers before contents).
-    pub const ALL: [Kind; 4] = [Kind::Namespace, Kind::Node, Kind::Service, Kind::Pod];
+    pub const ALL: [Kind; 9] = [
+        Kind::Namespace,
+        Kind::Node,
+        Kind::GatewayClass,
+        Kind::Gateway,
+        Kind::Service,
+        Kind::ServiceEntry,
+        Kind::EndpointSlice,
+        Kind::WorkloadEntry,
+        Kind::Pod,
+    ];
 
     /// Whether objects of this kind live in a namespace.
     pub fn namespaced(self) -> bool {
-        matches!(self, Kind::Pod | Kind::Service)
+        !matches!(self, Kind::Namespace | Kind::Node | Kind::GatewayClass)
+    }
+
+    /// The kind named as in a manifest's `kind` field.
+    pub fn from_name(name: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.to_string() == name)
     }
 }
 
@@ -72,6 +92,11 @@ pub enum Object {
     Node(Node),
     Pod(Pod),
     Service(Service),
+    EndpointSlice(EndpointSlice),
+    ServiceEntry(ServiceEntry),
+    WorkloadEntry(WorkloadEntry),
+    GatewayClass(GatewayClass),
+    Gateway(Gateway),
 }
 
 impl Object {
@@ -81,16 +106,27 @@ impl Object {
             Object::Node(_) => Kind::Node,
             Object::Pod(_) => Kind::Pod,
             Object::Service(_) => Kind::Service,
+            Object::EndpointSlice(_) => Kind::EndpointSlice,
+            Object::ServiceEntry(_) => Kind::ServiceEntry,
+            Object::WorkloadEntry(_) => Kind::WorkloadEntry,
+            Object::GatewayClass(_) => Kind::GatewayClass,
+            Object::Gateway(_) => Kind::Gateway,
         }
     }
 
     pub fn object_ref(&self) -> ObjectRef {
-        match self {
-            Object::Namespace(n) => ObjectRef::new(Kind::Namespace, "", &n.name),
-            Object::Node(n) => ObjectRef::new(Kind::Node, "", &n.name),
-            Object::Pod(p) => ObjectRef::new(Kind::Pod, &p.namespace, &p.name),
-            Object::Service(s) => ObjectRef::new(Kind::Service, &s.namespace, &s.name),
-        }
+        let (namespace, name) = match self {
+            Object::Namespace(n) => ("", &n.name),
+            Object::Node(n) => ("", &n.name),
+            Object::GatewayClass(c) => ("", &c.name),
+            Object::Pod(o) => (o.namespace.as_str(), &o.name),
+            Object::Service(o) => (o.namespace.as_str(), &o.name),
+            Object::EndpointSlice(o) => (o.namespace.as_str(), &o.name),
+            Object::ServiceEntry(o) => (o.namespace.as_str(), &o.name),
+            Object::WorkloadEntry(o) => (o.namespace.as_str(), &o.name),
+            Object::Gateway(o) => (o.namespace.as_str(), &o.name),
+        };
+        ObjectRef::new(self.kind(), namespace, name)
     }
 }
 
@@ -134,6 +170,8 @@ pub struct ContainerPort {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Pod {
     pub name: String,
+    /// `metadata.uid`, compared with EndpointSlice `targetRef.uid`.
+    pub uid: String,
     pub namespace: String,
     pub generate_name: String,
     pub labels: Labels,
@@ -196,6 +234,145 @@ pub struct Service {
 pub enum IpFamily {
     V4,
     V6,
+}
+
+/// `discovery.k8s.io/v1` EndpointSlice: only slices labelled `kubernetes.io/service-name` matter.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EndpointSlice {
+    pub name: String,
+    pub namespace: String,
+    /// The `kubernetes.io/service-name` label.
+    pub service_name: Option<String>,
+    /// `FQDN` slices are ignored.
+    pub fqdn: bool,
+    pub endpoints: Vec<SliceEndpoint>,
+    pub ports: Vec<SlicePort>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SliceEndpoint {
+    pub addresses: Vec<IpAddr>,
+    /// `conditions.ready`; unset counts as ready.
+    pub ready: Option<bool>,
+    pub target_ref: Option<TargetRef>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TargetRef {
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SlicePort {
+    pub name: Option<String>,
+    pub port: Option<u16>,
+    pub protocol: Protocol,
+}
+
+/// `networking.istio.io` ServiceEntry resolution.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Resolution {
+    #[default]
+    None,
+    Static,
+    Dns,
+    DnsRoundRobin,
+    DynamicDns,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ServiceEntryPort {
+    pub name: String,
+    pub number: u16,
+    /// `targetPort`, unset as `None`.
+    pub target_port: Option<u16>,
+    pub protocol: String,
+}
+
+/// A ServiceEntry endpoint (or the spec of a WorkloadEntry: the same shape).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Endpoint {
+    /// An IP, or a hostname.
+    pub address: String,
+    /// Port name -> number.
+    pub ports: BTreeMap<String, u16>,
+    pub labels: Labels,
+    pub network: String,
+    pub locality: String,
+    pub weight: u32,
+    pub service_account: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ServiceEntry {
+    pub name: String,
+    pub namespace: String,
+    pub labels: Labels,
+    pub annotations: Labels,
+    /// `metadata.creationTimestamp` (RFC 3339): the oldest wins hostname conflicts.
+    pub created: String,
+    pub hosts: Vec<String>,
+    /// `spec.addresses` as written: IPs or CIDRs.
+    pub addresses: Vec<String>,
+    pub ports: Vec<ServiceEntryPort>,
+    pub resolution: Resolution,
+    pub endpoints: Vec<Endpoint>,
+    pub workload_selector: Option<Labels>,
+    pub subject_alt_names: Vec<String>,
+    /// `status.addresses`: `(host, ip)` auto-allocated by istiod's allocator.
+    pub allocated: Vec<(String, IpAddr)>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WorkloadEntry {
+    pub name: String,
+    pub namespace: String,
+    /// `merge(spec.labels, metadata.labels)`, metadata winning.
+    pub labels: Labels,
+    pub annotations: Labels,
+    pub endpoint: Endpoint,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GatewayClass {
+    pub name: String,
+    pub labels: Labels,
+    pub annotations: Labels,
+}
+
+/// Which namespaces a listener admits routes (and waypoint bindings) from.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum AllowedNamespaces {
+    #[default]
+    Same,
+    All,
+    /// Namespaces whose labels match (`matchLabels`).
+    Selector(Labels),
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Listener {
+    pub name: String,
+    pub port: u16,
+    pub protocol: String,
+    /// `allowedRoutes.namespaces`; `None` when unset (which means Same).
+    pub allowed: Option<AllowedNamespaces>,
+}
+
+/// A `gateway.networking.k8s.io` Gateway (waypoints are Gateways).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Gateway {
+    pub name: String,
+    pub namespace: String,
+    pub labels: Labels,
+    pub annotations: Labels,
+    pub class_name: String,
+    pub listeners: Vec<Listener>,
+    /// `status.addresses` as `(type, value)`; empty until the gateway is ready.
+    pub addresses: Vec<(String, String)>,
 }
 
 /// Whether a non-empty `selector` is a subset of `labels`.

@@ -1,25 +1,38 @@
-//! Kubernetes Service -> `istio.workload.Service`, per conversion.md §1.2.
+//! Kubernetes Service -> `istio.workload.Service`, per conversion.md §1.2, and the pieces
+//! ServiceEntries share with it (traffic distribution, waypoints).
 
-use crate::discovery::index::{Objects, Settings};
+use crate::discovery::index::Settings;
 use crate::discovery::model::{IpFamily, Labels, Protocol, Service, ServicePort, TargetPort};
 use crate::discovery::names::{ip_bytes, service_hostname};
+use crate::discovery::store::{Key, Store};
+use crate::discovery::waypoint::{self, Bind, USE_WAYPOINT_NAMESPACE};
 use crate::pb::workload::{
-    self, AppProtocol, IpFamilies, LoadBalancing, NetworkAddress, Port,
+    self, AppProtocol, GatewayAddress, IpFamilies, LoadBalancing, NetworkAddress, Port,
+    WeightedWaypoint,
     load_balancing::{HealthPolicy, Mode, Scope},
 };
 
 const TRAFFIC_DISTRIBUTION_ANNOTATION: &str = "networking.istio.io/traffic-distribution";
+const CANARY_LABEL: &str = "istio.io/use-waypoint-canary";
+const CANARY_NAMESPACE_LABEL: &str = "istio.io/use-waypoint-canary-namespace";
+const CANARY_WEIGHT_ANNOTATION: &str = "istio.io/use-waypoint-canary-weight";
+const INGRESS_USE_WAYPOINT: &str = "istio.io/ingress-use-waypoint";
 
-/// Builds the Service resource, or `None` for `type: ExternalName`.
-pub fn build(settings: &Settings, objects: &Objects, svc: &Service) -> Option<workload::Service> {
+/// Builds the Service resource, or `None` for `type: ExternalName`. Waypoints consulted are
+/// pushed to `reads`.
+pub fn build(
+    settings: &Settings,
+    store: &Store,
+    svc: &Service,
+    reads: &mut Vec<Key>,
+) -> Option<workload::Service> {
     if svc.external_name {
         return None;
     }
-    let network = objects.network(settings);
-    let namespace_annotations = objects
-        .namespaces
-        .get(&svc.namespace)
-        .map(|n| &n.annotations);
+    let network = store.network(settings);
+    let namespace_annotations = store.namespaces.get(&svc.namespace).map(|n| &n.annotations);
+    let (waypoint, weighted_waypoints, ingress_use_waypoint) =
+        waypoints(store, &svc.namespace, &svc.labels, &svc.annotations, reads);
     Some(workload::Service {
         name: svc.name.clone(),
         namespace: svc.namespace.clone(),
@@ -34,6 +47,9 @@ pub fn build(settings: &Settings, objects: &Objects, svc: &Service) -> Option<wo
             })
             .collect(),
         ports: svc.ports.iter().map(service_port).collect(),
+        waypoint,
+        weighted_waypoints,
+        ingress_use_waypoint,
         load_balancing: load_balancing(svc, namespace_annotations),
         ip_families: ip_families(&svc.ip_families) as i32,
         canonical: true,
@@ -87,7 +103,7 @@ pub fn app_protocol(port: &ServicePort) -> AppProtocol {
 
 /// Traffic distribution preference, from istiod's `GetTrafficDistribution`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Distribution {
+pub enum Distribution {
     SameZone,
     SameNode,
 }
@@ -100,7 +116,9 @@ fn distribution_from_spec(value: Option<&str>) -> Option<Distribution> {
     }
 }
 
-fn distribution_from_annotation(annotations: &Labels) -> Option<Distribution> {
+/// The traffic distribution named by the `networking.istio.io/traffic-distribution`
+/// annotation (case-insensitive); unknown values mean none.
+pub fn distribution_from_annotation(annotations: &Labels) -> Option<Distribution> {
     let value = annotations.get(TRAFFIC_DISTRIBUTION_ANNOTATION)?;
     match value.to_ascii_lowercase().as_str() {
         "preferclose" | "prefersamezone" => Some(Distribution::SameZone),
@@ -130,7 +148,8 @@ fn load_balancing(svc: &Service, namespace_annotations: Option<&Labels>) -> Opti
     lb
 }
 
-fn failover(distribution: Distribution) -> LoadBalancing {
+/// The FAILOVER load balancing of a traffic distribution.
+pub fn failover(distribution: Distribution) -> LoadBalancing {
     let scopes: &[Scope] = match distribution {
         Distribution::SameZone => &[Scope::Network, Scope::Region, Scope::Zone],
         Distribution::SameNode => &[
@@ -155,4 +174,72 @@ fn ip_families(families: &[IpFamily]) -> IpFamilies {
         [_, _] => IpFamilies::Dual,
         _ => IpFamilies::Automatic,
     }
+}
+
+/// A service's waypoint, its weighted canary split, and `ingress_use_waypoint` (§1.2, §1.9).
+///
+/// The canary (`istio.io/use-waypoint-canary[-namespace]` with weight annotation 0..=100) is
+/// used only when the primary resolved, the canary resolves, differs from it, and the weight is
+/// valid; otherwise the primary alone. `ingress_use_waypoint` is read from the Service, else its
+/// Namespace, and only when a waypoint resolved.
+pub fn waypoints(
+    store: &Store,
+    namespace: &str,
+    labels: &Labels,
+    annotations: &Labels,
+    reads: &mut Vec<Key>,
+) -> (Option<GatewayAddress>, Vec<WeightedWaypoint>, bool) {
+    if waypoint::never_uses_waypoint(labels) {
+        return (None, Vec::new(), false);
+    }
+    let Some(primary) = waypoint::resolve(store, namespace, labels, Bind::Service, reads) else {
+        return (None, Vec::new(), false);
+    };
+    let weighted = canary(store, namespace, labels, annotations, &primary, reads)
+        .map(|(canary, weight)| {
+            vec![
+                WeightedWaypoint {
+                    destination: Some(primary.clone()),
+                    weight: 100 - weight,
+                },
+                WeightedWaypoint {
+                    destination: Some(canary),
+                    weight,
+                },
+            ]
+        })
+        .unwrap_or_default();
+    let ingress = labels
+        .get(INGRESS_USE_WAYPOINT)
+        .or_else(|| store.namespace_labels(namespace)?.get(INGRESS_USE_WAYPOINT))
+        .is_some_and(|v| parse_bool(v));
+    (Some(primary), weighted, ingress)
+}
+
+fn canary(
+    store: &Store,
+    namespace: &str,
+    labels: &Labels,
+    annotations: &Labels,
+    primary: &GatewayAddress,
+    reads: &mut Vec<Key>,
+) -> Option<(GatewayAddress, u32)> {
+    let name = labels.get(CANARY_LABEL)?;
+    let canary_namespace = labels
+        .get(CANARY_NAMESPACE_LABEL)
+        .or_else(|| labels.get(USE_WAYPOINT_NAMESPACE))
+        .cloned()
+        .unwrap_or_else(|| namespace.to_string());
+    let weight: u32 = annotations.get(CANARY_WEIGHT_ANNOTATION)?.parse().ok()?;
+    if weight > 100 {
+        return None;
+    }
+    let key = (canary_namespace, name.clone());
+    let canary = waypoint::resolve_key(store, namespace, &key, Bind::Service, reads)?;
+    (canary != *primary).then_some((canary, weight))
+}
+
+/// Go's `strconv.ParseBool` truths.
+fn parse_bool(value: &str) -> bool {
+    matches!(value, "1" | "t" | "T" | "true" | "TRUE" | "True")
 }

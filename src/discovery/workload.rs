@@ -1,12 +1,13 @@
 //! Pod -> `istio.workload.Workload`, per conversion.md §1.1 and the services map of §1.3.
 
-use std::collections::BTreeMap;
-
-use crate::discovery::index::{Objects, Settings};
-use crate::discovery::model::{Labels, Pod, Protocol, Service, TargetPort, selects};
-use crate::discovery::names::{ip_bytes, pod_uid, service_hostname, service_key};
+use crate::discovery::index::Settings;
+use crate::discovery::membership::{self, Member};
+use crate::discovery::model::{Labels, Pod};
+use crate::discovery::names::{ip_bytes, pod_uid};
+use crate::discovery::store::{Key, Store};
+use crate::discovery::waypoint::{self, Bind, GATEWAY_NAME_LABEL};
 use crate::pb::workload::{
-    Locality, NetworkMode, Port, PortList, TunnelProtocol, Workload, WorkloadStatus, WorkloadType,
+    Locality, NetworkMode, TunnelProtocol, Workload, WorkloadStatus, WorkloadType,
 };
 
 const REDIRECTION_ANNOTATION: &str = "ambient.istio.io/redirection";
@@ -18,19 +19,41 @@ const SUBZONE_LABEL: &str = "topology.istio.io/subzone";
 
 /// Builds the Workload for a pod, or `None` when istiod would emit none: a terminal pod
 /// (`Succeeded`/`Failed`) or a pod without an IP. A `Pending` pod with an IP is emitted.
-pub fn build(settings: &Settings, objects: &Objects, pod: &Pod) -> Option<Workload> {
+/// Waypoints consulted are pushed to `reads`.
+pub fn build(
+    settings: &Settings,
+    store: &Store,
+    pod: &Pod,
+    reads: &mut Vec<Key>,
+) -> Option<Workload> {
     if matches!(pod.phase.as_str(), "Succeeded" | "Failed") || pod.ips.is_empty() {
         return None;
     }
     let workload_name = workload_name(pod);
     let (tunnel_protocol, native_tunnel) = tunnel_protocol(&pod.labels, &pod.annotations);
     let healthy = pod.ready && !pod.terminating;
+    // A waypoint's own pods never use a waypoint; they may carry its inbound binding.
+    let instance_of = pod
+        .labels
+        .get(GATEWAY_NAME_LABEL)
+        .map(|gateway| (pod.namespace.clone(), gateway.clone()));
+    if let Some(key) = &instance_of {
+        reads.push(key.clone());
+    }
+    let instance = instance_of.as_ref().and_then(|k| store.waypoints.get(k));
+    let (waypoint, application_tunnel) = match instance {
+        Some(instance) => (None, instance.binding.clone()),
+        None => (
+            waypoint::resolve(store, &pod.namespace, &pod.labels, Bind::Workload, reads),
+            None,
+        ),
+    };
     Some(Workload {
         uid: pod_uid(&settings.cluster_id, &pod.namespace, &pod.name),
         name: pod.name.clone(),
         namespace: pod.namespace.clone(),
         addresses: pod.ips.iter().map(ip_bytes).collect(),
-        network: objects.network(settings).to_string(),
+        network: store.network(settings).to_string(),
         tunnel_protocol: tunnel_protocol as i32,
         native_tunnel,
         trust_domain: settings.wire_trust_domain().to_string(),
@@ -40,14 +63,16 @@ pub fn build(settings: &Settings, objects: &Objects, pod: &Pod) -> Option<Worklo
         canonical_revision: canonical_revision(&pod.labels),
         workload_type: WorkloadType::Pod as i32,
         workload_name,
-        services: services_map(settings, objects, pod),
+        services: membership::services_map(settings, store, &pod.namespace, Member::Pod(pod)),
+        waypoint,
+        application_tunnel,
         status: if healthy {
             WorkloadStatus::Healthy
         } else {
             WorkloadStatus::Unhealthy
         } as i32,
         cluster_id: settings.cluster_id.clone(),
-        locality: locality(objects, &pod.node_name),
+        locality: node_locality(store, &pod.node_name),
         network_mode: if pod.host_network {
             NetworkMode::HostNetwork
         } else {
@@ -153,8 +178,8 @@ pub fn tunnel_protocol(labels: &Labels, annotations: &Labels) -> (TunnelProtocol
 }
 
 /// Locality from the pod's Node labels; `None` when the node is unknown or has none of them.
-fn locality(objects: &Objects, node_name: &str) -> Option<Locality> {
-    let node = objects.nodes.get(node_name)?;
+fn node_locality(store: &Store, node_name: &str) -> Option<Locality> {
+    let node = store.nodes.get(node_name)?;
     let get = |key: &str| node.labels.get(key).cloned().unwrap_or_default();
     let locality = Locality {
         region: get(REGION_LABEL),
@@ -164,44 +189,15 @@ fn locality(objects: &Objects, node_name: &str) -> Option<Locality> {
     (locality != Locality::default()).then_some(locality)
 }
 
-/// The services map: every Service in the pod's namespace whose non-empty selector matches the
-/// pod's labels, with target ports resolved for this pod.
-fn services_map(settings: &Settings, objects: &Objects, pod: &Pod) -> BTreeMap<String, PortList> {
-    objects
-        .services_in(&pod.namespace)
-        .filter(|svc| !svc.external_name && selects(&svc.selector, &pod.labels))
-        .map(|svc| {
-            let hostname = service_hostname(&svc.name, &svc.namespace, &settings.domain);
-            (
-                service_key(&svc.namespace, &hostname),
-                PortList {
-                    ports: workload_ports(svc, pod),
-                },
-            )
-        })
-        .collect()
-}
-
-/// A Service's ports as seen by one pod: a named target port resolves to the pod's TCP
-/// container port of that name, and is omitted when the pod has none.
-pub fn workload_ports(svc: &Service, pod: &Pod) -> Vec<Port> {
-    svc.ports
-        .iter()
-        .filter_map(|port| {
-            let target_port = match &port.target_port {
-                TargetPort::Number(n) => *n,
-                TargetPort::Name(name) => {
-                    pod.ports
-                        .iter()
-                        .find(|c| c.protocol == Protocol::Tcp && &c.name == name)?
-                        .port
-                }
-            };
-            Some(Port {
-                service_port: u32::from(port.port),
-                target_port: u32::from(target_port),
-                app_protocol: 0,
-            })
-        })
-        .collect()
+/// `region/zone/subzone` as written on a ServiceEntry endpoint or WorkloadEntry.
+pub fn parse_locality(text: &str) -> Option<Locality> {
+    if text.is_empty() {
+        return None;
+    }
+    let mut parts = text.splitn(3, '/').map(str::to_string);
+    Some(Locality {
+        region: parts.next().unwrap_or_default(),
+        zone: parts.next().unwrap_or_default(),
+        subzone: parts.next().unwrap_or_default(),
+    })
 }

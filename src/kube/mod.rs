@@ -5,6 +5,8 @@
 //! same thing.
 
 pub mod manifests;
+pub mod mesh;
 pub mod objects;
+pub mod security;
 
 pub use manifests::{ManifestDir, ManifestError};

@@ -18,6 +18,7 @@ use crate::discovery::model::{
     ContainerPort, IpFamily, Labels, Namespace, Node, Object, Owner, Pod, Protocol, Service,
     ServicePort, TargetPort,
 };
+use crate::kube::mesh;
 
 /// Why one object could not be used. It names the object and the field.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +72,25 @@ pub fn decode(value: Value) -> Vec<Decoded> {
         ("v1", "Node") => parse::<RawNode>(&value).and_then(RawNode::reduce),
         ("v1", "Pod") => parse::<RawPod>(&value).and_then(RawPod::reduce),
         ("v1", "Service") => parse::<RawService>(&value).and_then(RawService::reduce),
+        ("discovery.k8s.io/v1", "EndpointSlice") => mesh::endpoint_slice(&value),
+        (
+            "networking.istio.io/v1"
+            | "networking.istio.io/v1beta1"
+            | "networking.istio.io/v1alpha3",
+            "ServiceEntry",
+        ) => mesh::service_entry(&value),
+        (
+            "networking.istio.io/v1"
+            | "networking.istio.io/v1beta1"
+            | "networking.istio.io/v1alpha3",
+            "WorkloadEntry",
+        ) => mesh::workload_entry(&value),
+        ("gateway.networking.k8s.io/v1" | "gateway.networking.k8s.io/v1beta1", "Gateway") => {
+            mesh::gateway(&value)
+        }
+        ("gateway.networking.k8s.io/v1" | "gateway.networking.k8s.io/v1beta1", "GatewayClass") => {
+            mesh::gateway_class(&value)
+        }
         _ => return vec![Decoded::Ignored(kind_name)],
     };
     vec![match result {
@@ -94,7 +114,7 @@ fn object_name(value: &Value) -> String {
 }
 
 /// Decodes with the failing field's path in the message (`spec.ports[0].port: invalid type`).
-fn parse<T: for<'de> Deserialize<'de>>(value: &Value) -> Result<T, String> {
+pub(crate) fn parse<T: for<'de> Deserialize<'de>>(value: &Value) -> Result<T, String> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         format!("{path}: {}", e.into_inner())
@@ -102,7 +122,7 @@ fn parse<T: for<'de> Deserialize<'de>>(value: &Value) -> Result<T, String> {
 }
 
 /// Labels and annotations, accepting unquoted scalars (`version: 2`) as their text.
-fn string_map<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Labels, D::Error> {
+pub(crate) fn string_map<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Labels, D::Error> {
     let raw: Option<BTreeMap<String, Value>> = Option::deserialize(d)?;
     Ok(raw
         .unwrap_or_default()
@@ -126,20 +146,22 @@ fn scalar_text(value: Value) -> String {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
-struct RawMeta {
-    name: String,
-    namespace: Option<String>,
-    generate_name: String,
+pub(crate) struct RawMeta {
+    pub(crate) name: String,
+    pub(crate) namespace: Option<String>,
+    pub(crate) uid: String,
+    pub(crate) generate_name: String,
     #[serde(deserialize_with = "string_map")]
-    labels: Labels,
+    pub(crate) labels: Labels,
     #[serde(deserialize_with = "string_map")]
-    annotations: Labels,
-    owner_references: Vec<RawOwnerReference>,
-    deletion_timestamp: Option<Value>,
+    pub(crate) annotations: Labels,
+    pub(crate) owner_references: Vec<RawOwnerReference>,
+    pub(crate) deletion_timestamp: Option<Value>,
+    pub(crate) creation_timestamp: Option<Value>,
 }
 
 impl RawMeta {
-    fn name(&self) -> Result<String, String> {
+    pub(crate) fn name(&self) -> Result<String, String> {
         if self.name.is_empty() {
             return Err("metadata.name is missing".into());
         }
@@ -147,7 +169,7 @@ impl RawMeta {
     }
 
     /// `default` when unset, as `kubectl apply` would place it.
-    fn namespace(&self) -> String {
+    pub(crate) fn namespace(&self) -> String {
         match self.namespace.as_deref() {
             Some(ns) if !ns.is_empty() => ns.to_string(),
             _ => "default".to_string(),
@@ -157,7 +179,7 @@ impl RawMeta {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
-struct RawOwnerReference {
+pub(crate) struct RawOwnerReference {
     kind: String,
     name: String,
     controller: Option<bool>,
@@ -300,6 +322,7 @@ impl RawPod {
             });
         Ok(Object::Pod(Pod {
             name,
+            uid: self.metadata.uid.clone(),
             namespace: self.metadata.namespace(),
             generate_name: self.metadata.generate_name,
             labels: self.metadata.labels,
@@ -453,19 +476,19 @@ impl RawService {
     }
 }
 
-fn parse_ip(text: &str, field: &str) -> Result<IpAddr, String> {
+pub(crate) fn parse_ip(text: &str, field: &str) -> Result<IpAddr, String> {
     text.parse()
         .map_err(|_| format!("{field}: {text:?} is not an IP address"))
 }
 
-fn port_number(value: i64, field: &str) -> Result<u16, String> {
+pub(crate) fn port_number(value: i64, field: &str) -> Result<u16, String> {
     u16::try_from(value)
         .ok()
         .filter(|p| *p != 0)
         .ok_or_else(|| format!("{field}: {value} is not a port number (1-65535)"))
 }
 
-fn protocol(value: Option<&str>) -> Result<Protocol, String> {
+pub(crate) fn protocol(value: Option<&str>) -> Result<Protocol, String> {
     match value.unwrap_or("TCP") {
         "TCP" | "" => Ok(Protocol::Tcp),
         "UDP" => Ok(Protocol::Udp),

@@ -1,5 +1,6 @@
 //! Builders for reduced objects and decoders for the resources an `Index` publishes, shared by
-//! the pure-core table tests (`index.rs`, `index_changes.rs`, `subscription.rs`).
+//! the pure-core table tests (`index.rs`, `index_services.rs`, `index_changes.rs`,
+//! `subscription.rs`).
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -87,7 +88,11 @@ pub fn named(n: &str) -> TargetPort {
 
 /// A ClusterIP IPv4 service with one `http` port 80 -> 8080; `vip` empty means headless.
 pub fn svc(namespace: &str, name: &str, vip: &str, selector: &[(&str, &str)]) -> Service {
-    let cluster_ips = if vip.is_empty() { vec![] } else { vec![ip(vip)] };
+    let cluster_ips = if vip.is_empty() {
+        vec![]
+    } else {
+        vec![ip(vip)]
+    };
     Service {
         name: name.into(),
         namespace: namespace.into(),

@@ -1,0 +1,165 @@
+//! WorkloadEntry and ServiceEntry endpoints -> Workloads (conversion.md §1.4, §1.5).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use crate::discovery::index::Settings;
+use crate::discovery::membership::{self, Member};
+use crate::discovery::model::{Endpoint, Labels, Resolution, ServiceEntry, WorkloadEntry};
+use crate::discovery::names::ip_bytes;
+use crate::discovery::store::{Key, Store};
+use crate::discovery::waypoint::{self, Bind};
+use crate::discovery::workload::{
+    canonical_name, canonical_revision, parse_locality, tunnel_protocol,
+};
+use crate::pb::google::protobuf::UInt32Value;
+use crate::pb::workload::{PortList, Workload, WorkloadType};
+
+const AUTO_REGISTRATION_GROUP: &str = "istio.io/autoRegistrationGroup";
+const WORKLOAD_NAME_LABEL: &str = "service.istio.io/workload-name";
+
+/// A WorkloadEntry's uid and xDS name.
+pub fn workload_entry_uid(cluster_id: &str, namespace: &str, name: &str) -> String {
+    format!("{cluster_id}/networking.istio.io/WorkloadEntry/{namespace}/{name}")
+}
+
+/// A ServiceEntry endpoint's uid: the endpoint address (IP or hostname) as written, or the
+/// host for an implicit DNS endpoint.
+pub fn service_entry_uid(cluster_id: &str, namespace: &str, name: &str, address: &str) -> String {
+    format!("{cluster_id}/networking.istio.io/ServiceEntry/{namespace}/{name}/{address}")
+}
+
+/// The fields an entry workload takes from its endpoint: address or hostname, network,
+/// service account, locality and capacity.
+fn from_endpoint(settings: &Settings, store: &Store, endpoint: &Endpoint) -> Workload {
+    let (addresses, hostname) = match endpoint.address.parse::<IpAddr>() {
+        Ok(ip) => (vec![ip_bytes(&ip)], String::new()),
+        Err(_) => (Vec::new(), endpoint.address.clone()),
+    };
+    Workload {
+        addresses,
+        hostname,
+        network: if endpoint.network.is_empty() {
+            store.network(settings).to_string()
+        } else {
+            endpoint.network.clone()
+        },
+        service_account: endpoint.service_account.clone(),
+        locality: parse_locality(&endpoint.locality),
+        capacity: (endpoint.weight > 0).then_some(UInt32Value {
+            value: endpoint.weight,
+        }),
+        trust_domain: settings.wire_trust_domain().to_string(),
+        cluster_id: settings.cluster_id.clone(),
+        workload_type: WorkloadType::Pod as i32,
+        ..Default::default()
+    }
+}
+
+/// A WorkloadEntry's Workload. Labels are `merge(spec.labels, metadata.labels)`.
+pub fn workload_entry(
+    settings: &Settings,
+    store: &Store,
+    we: &WorkloadEntry,
+    reads: &mut Vec<Key>,
+) -> Workload {
+    let workload_name = we
+        .annotations
+        .get(AUTO_REGISTRATION_GROUP)
+        .or_else(|| we.labels.get(WORKLOAD_NAME_LABEL))
+        .cloned()
+        .unwrap_or_else(|| we.name.clone());
+    let (tunnel, native_tunnel) = tunnel_protocol(&we.labels, &we.annotations);
+    let member = Member::Entry {
+        labels: &we.labels,
+        ports: &we.endpoint.ports,
+    };
+    Workload {
+        uid: workload_entry_uid(&settings.cluster_id, &we.namespace, &we.name),
+        name: we.name.clone(),
+        namespace: we.namespace.clone(),
+        canonical_name: canonical_name(&we.labels, &workload_name),
+        canonical_revision: canonical_revision(&we.labels),
+        workload_name,
+        tunnel_protocol: tunnel as i32,
+        native_tunnel,
+        waypoint: waypoint::resolve(store, &we.namespace, &we.labels, Bind::Workload, reads),
+        services: membership::services_map(settings, store, &we.namespace, member),
+        ..from_endpoint(settings, store, &we.endpoint)
+    }
+}
+
+/// The Workloads of a ServiceEntry, by uid: one per endpoint; or, for DNS resolution with
+/// neither endpoints nor a workload selector, one implicit workload per host. Nothing when the
+/// ServiceEntry publishes none of its hosts (it lost them to an older one).
+pub fn service_entry_workloads(
+    settings: &Settings,
+    store: &Store,
+    se: &ServiceEntry,
+    reads: &mut Vec<Key>,
+) -> BTreeMap<String, Workload> {
+    let mut out = BTreeMap::new();
+    let (tunnel, native_tunnel) = tunnel_protocol(&se.labels, &se.annotations);
+    let base =
+        |endpoint: &Endpoint, uid_address: &str, services: BTreeMap<String, PortList>| Workload {
+            uid: service_entry_uid(&settings.cluster_id, &se.namespace, &se.name, uid_address),
+            name: se.name.clone(),
+            namespace: se.namespace.clone(),
+            workload_name: se.name.clone(),
+            canonical_name: canonical_name(&se.labels, &se.name),
+            canonical_revision: canonical_revision(&se.labels),
+            tunnel_protocol: tunnel as i32,
+            native_tunnel,
+            services,
+            ..from_endpoint(settings, store, endpoint)
+        };
+    if !se.endpoints.is_empty() {
+        for endpoint in &se.endpoints {
+            let member = Member::Entry {
+                labels: &endpoint.labels,
+                ports: &endpoint.ports,
+            };
+            let services = membership::entry_services(store, se, None, member);
+            if services.is_empty() {
+                continue;
+            }
+            let mut workload = base(endpoint, &endpoint.address, services);
+            // The waypoint is that of a synthetic object with the endpoint's labels.
+            workload.waypoint = waypoint::resolve(
+                store,
+                &se.namespace,
+                &endpoint.labels,
+                Bind::Workload,
+                reads,
+            );
+            out.entry(workload.uid.clone()).or_insert(workload);
+        }
+        return out;
+    }
+    let dns = matches!(
+        se.resolution,
+        Resolution::Dns | Resolution::DnsRoundRobin | Resolution::DynamicDns
+    );
+    if !dns || se.workload_selector.is_some() {
+        return out;
+    }
+    let no_ports = BTreeMap::new();
+    let no_labels = Labels::new();
+    for host in &se.hosts {
+        let member = Member::Entry {
+            labels: &no_labels,
+            ports: &no_ports,
+        };
+        let services = membership::entry_services(store, se, Some(host), member);
+        if services.is_empty() {
+            continue;
+        }
+        let endpoint = Endpoint {
+            address: host.clone(),
+            ..Default::default()
+        };
+        let workload = base(&endpoint, host, services);
+        out.insert(workload.uid.clone(), workload);
+    }
+    out
+}

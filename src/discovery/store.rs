@@ -1,0 +1,385 @@
+//! The stored inputs and the reverse indexes that builders and dependency tracking read.
+//!
+//! The store only holds objects and answers questions about them (which services select a
+//! workload, which object wins a hostname, which waypoint a name refers to). It never builds
+//! resources; the index does that.
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::discovery::index::Settings;
+use crate::discovery::model::{
+    EndpointSlice, Gateway, GatewayClass, Labels, Namespace, Node, Object, ObjectRef, Pod, Service,
+    ServiceEntry, WorkloadEntry,
+};
+use crate::discovery::names::service_hostname;
+use crate::discovery::waypoint::Waypoint;
+
+/// The label on the system namespace that names the local network.
+pub const NETWORK_LABEL: &str = "topology.istio.io/network";
+
+/// `(namespace, name)`.
+pub type Key = (String, String);
+
+/// An object that publishes Services: a Kubernetes Service, or a ServiceEntry (one per host).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ServiceRef {
+    Kube(Key),
+    Entry(Key),
+}
+
+/// What one namespace holds, by name.
+#[derive(Debug, Default)]
+pub struct NamespaceMembers {
+    pub pods: BTreeSet<String>,
+    pub services: BTreeSet<String>,
+    pub slices: BTreeSet<String>,
+    pub service_entries: BTreeSet<String>,
+    pub workload_entries: BTreeSet<String>,
+}
+
+#[derive(Debug, Default)]
+pub struct Store {
+    pub namespaces: HashMap<String, Namespace>,
+    pub nodes: HashMap<String, Node>,
+    pub pods: HashMap<Key, Pod>,
+    pub services: HashMap<Key, Service>,
+    pub slices: HashMap<Key, EndpointSlice>,
+    pub service_entries: HashMap<Key, ServiceEntry>,
+    pub workload_entries: HashMap<Key, WorkloadEntry>,
+    pub gateway_classes: HashMap<String, GatewayClass>,
+    pub gateways: HashMap<Key, Gateway>,
+    /// Gateways that are ready waypoints (derived from Gateway + GatewayClass).
+    pub waypoints: HashMap<Key, Waypoint>,
+    pub members: HashMap<String, NamespaceMembers>,
+    pub pods_by_node: HashMap<String, BTreeSet<Key>>,
+    /// `(ns, service name)` -> slices labelled for it.
+    pub slices_by_service: HashMap<Key, BTreeSet<String>>,
+    /// Pod -> slices with an endpoint whose targetRef names it.
+    pub slices_by_pod: HashMap<Key, BTreeSet<String>>,
+    /// Hostname -> `(namespace, object)` claiming it.
+    pub hostnames: HashMap<String, BTreeSet<(String, ServiceRef)>>,
+}
+
+fn key(namespace: &str, name: &str) -> Key {
+    (namespace.to_string(), name.to_string())
+}
+
+impl Store {
+    /// The local network: the system namespace's `topology.istio.io/network` label, or `""`.
+    pub fn network(&self, settings: &Settings) -> &str {
+        self.namespaces
+            .get(&settings.system_namespace)
+            .and_then(|ns| ns.labels.get(NETWORK_LABEL))
+            .map_or("", String::as_str)
+    }
+
+    pub fn namespace_labels(&self, namespace: &str) -> Option<&Labels> {
+        self.namespaces.get(namespace).map(|n| &n.labels)
+    }
+
+    pub fn members(&self, namespace: &str) -> Option<&NamespaceMembers> {
+        self.members.get(namespace)
+    }
+
+    /// Kubernetes Services of one namespace, in name order.
+    pub fn services_in<'a>(&'a self, namespace: &'a str) -> impl Iterator<Item = &'a Service> + 'a {
+        self.members(namespace)
+            .into_iter()
+            .flat_map(|m| m.services.iter())
+            .filter_map(move |name| self.services.get(&key(namespace, name)))
+    }
+
+    /// ServiceEntries of one namespace, in name order.
+    pub fn service_entries_in<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> impl Iterator<Item = &'a ServiceEntry> + 'a {
+        self.members(namespace)
+            .into_iter()
+            .flat_map(|m| m.service_entries.iter())
+            .filter_map(move |name| self.service_entries.get(&key(namespace, name)))
+    }
+
+    pub fn pods_in<'a>(&'a self, namespace: &'a str) -> impl Iterator<Item = &'a Pod> + 'a {
+        self.members(namespace)
+            .into_iter()
+            .flat_map(|m| m.pods.iter())
+            .filter_map(move |name| self.pods.get(&key(namespace, name)))
+    }
+
+    pub fn workload_entries_in<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> impl Iterator<Item = &'a WorkloadEntry> + 'a {
+        self.members(namespace)
+            .into_iter()
+            .flat_map(|m| m.workload_entries.iter())
+            .filter_map(move |name| self.workload_entries.get(&key(namespace, name)))
+    }
+
+    /// The hostnames a service-publishing object claims.
+    pub fn claimed_hostnames(&self, service: &ServiceRef, settings: &Settings) -> Vec<String> {
+        match service {
+            ServiceRef::Kube(k) => self
+                .services
+                .get(k)
+                .filter(|s| !s.external_name)
+                .map(|s| vec![service_hostname(&s.name, &s.namespace, &settings.domain)])
+                .unwrap_or_default(),
+            ServiceRef::Entry(k) => self
+                .service_entries
+                .get(k)
+                .map(|se| se.hosts.clone())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Which object publishes `namespace/hostname`: a Kubernetes Service always wins; otherwise
+    /// the oldest ServiceEntry (creation time, then name). Losers publish nothing.
+    pub fn slot_winner(&self, namespace: &str, hostname: &str) -> Option<ServiceRef> {
+        let claimants = self.hostnames.get(hostname)?;
+        claimants
+            .iter()
+            .filter(|(ns, _)| ns == namespace)
+            .map(|(_, r)| r)
+            .min_by_key(|r| self.precedence(r))
+            .cloned()
+    }
+
+    /// Whether the winner of `namespace/hostname` is the canonical one across namespaces: the
+    /// Kubernetes Service if there is one, else the oldest ServiceEntry winner.
+    pub fn is_canonical(&self, namespace: &str, hostname: &str) -> bool {
+        let Some(claimants) = self.hostnames.get(hostname) else {
+            return false;
+        };
+        let namespaces: BTreeSet<&String> = claimants.iter().map(|(ns, _)| ns).collect();
+        let best = namespaces
+            .into_iter()
+            .filter_map(|ns| self.slot_winner(ns, hostname).map(|w| (ns, w)))
+            .min_by_key(|(ns, w)| (self.precedence(w), (*ns).clone()));
+        best.is_some_and(|(ns, _)| ns == namespace)
+    }
+
+    /// Lower sorts first: Kubernetes Services, then ServiceEntries by age, then name.
+    fn precedence(&self, service: &ServiceRef) -> (u8, String, String) {
+        match service {
+            ServiceRef::Kube(k) => (0, String::new(), k.1.clone()),
+            ServiceRef::Entry(k) => {
+                let created = self
+                    .service_entries
+                    .get(k)
+                    .map(|se| se.created.clone())
+                    .unwrap_or_default();
+                // An unknown creation time sorts last, as "newest".
+                let created = if created.is_empty() {
+                    "~".to_string()
+                } else {
+                    created
+                };
+                (1, created, k.1.clone())
+            }
+        }
+    }
+
+    /// Stores an object, keeping every reverse index in step. Returns the previous value.
+    pub fn insert(&mut self, object: Object, settings: &Settings) -> Option<Object> {
+        let reference = object.object_ref();
+        let old = self.remove(&reference, settings);
+        let k = key(&reference.namespace, &reference.name);
+        match object {
+            Object::Namespace(n) => {
+                self.namespaces.insert(n.name.clone(), n);
+            }
+            Object::Node(n) => {
+                self.nodes.insert(n.name.clone(), n);
+            }
+            Object::GatewayClass(c) => {
+                self.gateway_classes.insert(c.name.clone(), c);
+            }
+            Object::Gateway(g) => {
+                self.gateways.insert(k, g);
+            }
+            Object::Pod(p) => {
+                self.member_mut(&k.0).pods.insert(k.1.clone());
+                self.pods_by_node
+                    .entry(p.node_name.clone())
+                    .or_default()
+                    .insert(k.clone());
+                self.pods.insert(k, p);
+            }
+            Object::Service(s) => {
+                self.member_mut(&k.0).services.insert(k.1.clone());
+                let service = ServiceRef::Kube(k.clone());
+                self.services.insert(k.clone(), s);
+                for host in self.claimed_hostnames(&service, settings) {
+                    self.hostnames
+                        .entry(host)
+                        .or_default()
+                        .insert((k.0.clone(), service.clone()));
+                }
+            }
+            Object::ServiceEntry(se) => {
+                self.member_mut(&k.0).service_entries.insert(k.1.clone());
+                for host in &se.hosts {
+                    self.hostnames
+                        .entry(host.clone())
+                        .or_default()
+                        .insert((k.0.clone(), ServiceRef::Entry(k.clone())));
+                }
+                self.service_entries.insert(k, se);
+            }
+            Object::WorkloadEntry(we) => {
+                self.member_mut(&k.0).workload_entries.insert(k.1.clone());
+                self.workload_entries.insert(k, we);
+            }
+            Object::EndpointSlice(slice) => {
+                self.member_mut(&k.0).slices.insert(k.1.clone());
+                if let Some(service) = &slice.service_name {
+                    self.slices_by_service
+                        .entry(key(&k.0, service))
+                        .or_default()
+                        .insert(k.1.clone());
+                }
+                for pod in slice_pods(&slice) {
+                    self.slices_by_pod
+                        .entry(pod)
+                        .or_default()
+                        .insert(k.1.clone());
+                }
+                self.slices.insert(k, slice);
+            }
+        }
+        old
+    }
+
+    /// Removes an object and its reverse-index entries. Returns it.
+    pub fn remove(&mut self, reference: &ObjectRef, settings: &Settings) -> Option<Object> {
+        use crate::discovery::model::Kind;
+        let k = key(&reference.namespace, &reference.name);
+        let removed = match reference.kind {
+            Kind::Namespace => self
+                .namespaces
+                .remove(&reference.name)
+                .map(Object::Namespace),
+            Kind::Node => self.nodes.remove(&reference.name).map(Object::Node),
+            Kind::GatewayClass => self
+                .gateway_classes
+                .remove(&reference.name)
+                .map(Object::GatewayClass),
+            Kind::Gateway => self.gateways.remove(&k).map(Object::Gateway),
+            Kind::Pod => {
+                let pod = self.pods.remove(&k)?;
+                self.member_mut(&k.0).pods.remove(&k.1);
+                if let Some(keys) = self.pods_by_node.get_mut(&pod.node_name) {
+                    keys.remove(&k);
+                }
+                Some(Object::Pod(pod))
+            }
+            Kind::Service => {
+                let service = ServiceRef::Kube(k.clone());
+                let hosts = self.claimed_hostnames(&service, settings);
+                let svc = self.services.remove(&k)?;
+                self.member_mut(&k.0).services.remove(&k.1);
+                for host in hosts {
+                    self.unclaim(&host, &k.0, &service);
+                }
+                Some(Object::Service(svc))
+            }
+            Kind::ServiceEntry => {
+                let se = self.service_entries.remove(&k)?;
+                self.member_mut(&k.0).service_entries.remove(&k.1);
+                let service = ServiceRef::Entry(k.clone());
+                for host in &se.hosts {
+                    self.unclaim(host, &k.0, &service);
+                }
+                Some(Object::ServiceEntry(se))
+            }
+            Kind::WorkloadEntry => {
+                let we = self.workload_entries.remove(&k)?;
+                self.member_mut(&k.0).workload_entries.remove(&k.1);
+                Some(Object::WorkloadEntry(we))
+            }
+            Kind::EndpointSlice => {
+                let slice = self.slices.remove(&k)?;
+                self.member_mut(&k.0).slices.remove(&k.1);
+                if let Some(service) = &slice.service_name
+                    && let Some(names) = self.slices_by_service.get_mut(&key(&k.0, service))
+                {
+                    names.remove(&k.1);
+                }
+                for pod in slice_pods(&slice) {
+                    if let Some(names) = self.slices_by_pod.get_mut(&pod) {
+                        names.remove(&k.1);
+                    }
+                }
+                Some(Object::EndpointSlice(slice))
+            }
+        };
+        removed
+    }
+
+    fn unclaim(&mut self, host: &str, namespace: &str, service: &ServiceRef) {
+        if let Some(claimants) = self.hostnames.get_mut(host) {
+            claimants.remove(&(namespace.to_string(), service.clone()));
+            if claimants.is_empty() {
+                self.hostnames.remove(host);
+            }
+        }
+    }
+
+    fn member_mut(&mut self, namespace: &str) -> &mut NamespaceMembers {
+        self.members.entry(namespace.to_string()).or_default()
+    }
+
+    /// Whether the stored object equals `object`.
+    pub fn holds(&self, object: &Object) -> bool {
+        let r = object.object_ref();
+        let k = key(&r.namespace, &r.name);
+        match object {
+            Object::Namespace(o) => self.namespaces.get(&o.name) == Some(o),
+            Object::Node(o) => self.nodes.get(&o.name) == Some(o),
+            Object::GatewayClass(o) => self.gateway_classes.get(&o.name) == Some(o),
+            Object::Gateway(o) => self.gateways.get(&k) == Some(o),
+            Object::Pod(o) => self.pods.get(&k) == Some(o),
+            Object::Service(o) => self.services.get(&k) == Some(o),
+            Object::ServiceEntry(o) => self.service_entries.get(&k) == Some(o),
+            Object::WorkloadEntry(o) => self.workload_entries.get(&k) == Some(o),
+            Object::EndpointSlice(o) => self.slices.get(&k) == Some(o),
+        }
+    }
+
+    /// References to every stored object of one kind.
+    pub fn refs(&self, kind: crate::discovery::model::Kind) -> Vec<ObjectRef> {
+        use crate::discovery::model::Kind;
+        fn keyed<V>(kind: Kind, map: &HashMap<Key, V>) -> Vec<ObjectRef> {
+            map.keys()
+                .map(|(ns, n)| ObjectRef::new(kind, ns, n))
+                .collect()
+        }
+        fn named<V>(kind: Kind, map: &HashMap<String, V>) -> Vec<ObjectRef> {
+            map.keys().map(|n| ObjectRef::new(kind, "", n)).collect()
+        }
+        match kind {
+            Kind::Namespace => named(kind, &self.namespaces),
+            Kind::Node => named(kind, &self.nodes),
+            Kind::GatewayClass => named(kind, &self.gateway_classes),
+            Kind::Gateway => keyed(kind, &self.gateways),
+            Kind::Pod => keyed(kind, &self.pods),
+            Kind::Service => keyed(kind, &self.services),
+            Kind::ServiceEntry => keyed(kind, &self.service_entries),
+            Kind::WorkloadEntry => keyed(kind, &self.workload_entries),
+            Kind::EndpointSlice => keyed(kind, &self.slices),
+        }
+    }
+}
+
+/// Pods named by a slice's endpoint targetRefs.
+pub fn slice_pods(slice: &EndpointSlice) -> Vec<Key> {
+    slice
+        .endpoints
+        .iter()
+        .filter_map(|e| e.target_ref.as_ref())
+        .filter(|t| t.kind == "Pod")
+        .map(|t| key(&t.namespace, &t.name))
+        .collect()
+}

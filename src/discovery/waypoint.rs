@@ -1,0 +1,219 @@
+//! Waypoints (conversion.md §1.9): which Gateways are ready waypoints, and which waypoint an
+//! object is bound to through `istio.io/use-waypoint` on itself or its namespace.
+
+use std::net::IpAddr;
+
+use crate::discovery::model::{AllowedNamespaces, Gateway, GatewayClass, Labels, selects};
+use crate::discovery::names::ip_bytes;
+use crate::discovery::store::{Key, Store};
+use crate::pb::workload::{
+    ApplicationTunnel, GatewayAddress, NamespacedHostname, NetworkAddress,
+    application_tunnel::Protocol as TunnelProtocol, gateway_address::Destination,
+};
+
+pub const USE_WAYPOINT: &str = "istio.io/use-waypoint";
+pub const USE_WAYPOINT_NAMESPACE: &str = "istio.io/use-waypoint-namespace";
+pub const WAYPOINT_FOR: &str = "istio.io/waypoint-for";
+pub const GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
+pub const INBOUND_BINDING: &str = "ambient.istio.io/waypoint-inbound-binding";
+pub const MANAGED_LABEL: &str = "gateway.istio.io/managed";
+/// HBONE port of every waypoint; istiod hard-codes it.
+pub const HBONE_PORT: u32 = 15008;
+
+/// Which traffic a waypoint takes (`istio.io/waypoint-for`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TrafficType {
+    Service,
+    Workload,
+    All,
+    None,
+}
+
+impl TrafficType {
+    fn parse(value: &str) -> Option<Self> {
+        match value {
+            "service" => Some(TrafficType::Service),
+            "workload" => Some(TrafficType::Workload),
+            "all" => Some(TrafficType::All),
+            "none" => Some(TrafficType::None),
+            _ => None,
+        }
+    }
+
+    fn admits(self, bind: Bind) -> bool {
+        matches!(
+            (self, bind),
+            (TrafficType::All, _)
+                | (TrafficType::Service, Bind::Service)
+                | (TrafficType::Workload, Bind::Workload)
+        )
+    }
+}
+
+/// What kind of object is binding: services and workloads accept different traffic types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bind {
+    Service,
+    Workload,
+}
+
+/// A Gateway with a status address: ready to be used as a waypoint.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Waypoint {
+    pub address: GatewayAddress,
+    pub traffic: TrafficType,
+    pub allowed: AllowedNamespaces,
+    /// From the inbound-binding annotation: the application tunnel of its instance pods.
+    pub binding: Option<ApplicationTunnel>,
+}
+
+impl Waypoint {
+    /// Derives the waypoint of a Gateway, or `None` while it has no usable status address.
+    pub fn from_gateway(gw: &Gateway, class: Option<&GatewayClass>, network: &str) -> Option<Self> {
+        let hostname = gw.addresses.iter().find(|(kind, _)| kind == "Hostname");
+        let destination = match hostname {
+            Some((_, host)) => Destination::Hostname(NamespacedHostname {
+                namespace: gw.namespace.clone(),
+                hostname: host.clone(),
+            }),
+            None => {
+                let ip = gw
+                    .addresses
+                    .iter()
+                    .filter(|(kind, _)| kind == "IPAddress")
+                    .find_map(|(_, value)| value.parse::<IpAddr>().ok())?;
+                Destination::Address(NetworkAddress {
+                    network: network.to_string(),
+                    address: ip_bytes(&ip),
+                    length: None,
+                })
+            }
+        };
+        let traffic = gw
+            .labels
+            .get(WAYPOINT_FOR)
+            .or_else(|| class.and_then(|c| c.labels.get(WAYPOINT_FOR)))
+            .and_then(|v| TrafficType::parse(v))
+            .unwrap_or(TrafficType::Service);
+        let binding_text = gw
+            .annotations
+            .get(INBOUND_BINDING)
+            .or_else(|| class.and_then(|c| c.annotations.get(INBOUND_BINDING)));
+        let binding = binding_text.and_then(|text| parse_binding(text));
+        // allowedRoutes from the listener the inbound binding uses, else the HBONE listener.
+        let binding_port = binding.as_ref().map(|b| b.port).filter(|p| *p != 0);
+        let listener = gw
+            .listeners
+            .iter()
+            .find(|l| {
+                binding.is_some()
+                    && (binding_port == Some(u32::from(l.port)) || l.protocol == "istio.io/PROXY")
+            })
+            .or_else(|| {
+                gw.listeners
+                    .iter()
+                    .find(|l| l.protocol == "HBONE" && u32::from(l.port) == HBONE_PORT)
+            });
+        let allowed = listener
+            .and_then(|l| l.allowed.clone())
+            .unwrap_or(AllowedNamespaces::Same);
+        Some(Waypoint {
+            address: GatewayAddress {
+                destination: Some(destination),
+                hbone_mtls_port: HBONE_PORT,
+            },
+            traffic,
+            allowed,
+            binding,
+        })
+    }
+
+    /// Whether objects in `namespace` may bind to this waypoint (in `waypoint_namespace`).
+    pub fn admits(
+        &self,
+        waypoint_namespace: &str,
+        namespace: &str,
+        labels: Option<&Labels>,
+    ) -> bool {
+        match &self.allowed {
+            AllowedNamespaces::All => true,
+            AllowedNamespaces::Same => waypoint_namespace == namespace,
+            AllowedNamespaces::Selector(selector) => {
+                selector.is_empty() || labels.is_some_and(|l| selects(selector, l))
+            }
+        }
+    }
+}
+
+/// `PROXY` or `PROXY/<port>`; `NONE` (or anything else) means no application tunnel.
+fn parse_binding(text: &str) -> Option<ApplicationTunnel> {
+    let (protocol, port) = match text.split_once('/') {
+        Some((protocol, port)) => (protocol, port.parse::<u32>().ok()?),
+        None => (text, 0),
+    };
+    (protocol == "PROXY").then_some(ApplicationTunnel {
+        protocol: TunnelProtocol::Proxy as i32,
+        port,
+    })
+}
+
+/// The waypoint an object uses, per §1.9: its own `istio.io/use-waypoint` label (`none` opts
+/// out), else its namespace's. A name that is not a ready waypoint, a waypoint that does not
+/// admit the object's namespace, or one of the wrong traffic type gives no waypoint: there is
+/// no fallback. Every waypoint consulted is pushed to `reads`, so a change to it re-evaluates
+/// this object.
+pub fn resolve(
+    store: &Store,
+    namespace: &str,
+    labels: &Labels,
+    bind: Bind,
+    reads: &mut Vec<Key>,
+) -> Option<GatewayAddress> {
+    let key = binding_key(store, namespace, labels)?;
+    resolve_key(store, namespace, &key, bind, reads)
+}
+
+/// The `(namespace, name)` an object's labels (or its namespace's) point at.
+pub fn binding_key(store: &Store, namespace: &str, labels: &Labels) -> Option<Key> {
+    let own = labels.get(USE_WAYPOINT).map(|name| (name, labels));
+    let inherited = || {
+        let ns_labels = store.namespace_labels(namespace)?;
+        ns_labels.get(USE_WAYPOINT).map(|name| (name, ns_labels))
+    };
+    let (name, source) = own.or_else(inherited)?;
+    if name == "none" {
+        return None;
+    }
+    let waypoint_namespace = source
+        .get(USE_WAYPOINT_NAMESPACE)
+        .cloned()
+        .unwrap_or_else(|| namespace.to_string());
+    Some((waypoint_namespace, name.clone()))
+}
+
+/// Resolves a specific waypoint key for an object in `namespace`.
+pub fn resolve_key(
+    store: &Store,
+    namespace: &str,
+    key: &Key,
+    bind: Bind,
+    reads: &mut Vec<Key>,
+) -> Option<GatewayAddress> {
+    reads.push(key.clone());
+    let waypoint = store.waypoints.get(key)?;
+    if !waypoint.admits(&key.0, namespace, store.namespace_labels(namespace)) {
+        return None;
+    }
+    waypoint
+        .traffic
+        .admits(bind)
+        .then(|| waypoint.address.clone())
+}
+
+/// Services and ServiceEntries that are themselves waypoints or east-west gateways never use
+/// one.
+pub fn never_uses_waypoint(labels: &Labels) -> bool {
+    labels
+        .get(MANAGED_LABEL)
+        .is_some_and(|v| v == "istio.io-mesh-controller" || v == "istio.io-eastwest-controller")
+}

@@ -1,0 +1,414 @@
+//! Decoding of the mesh kinds beyond core Pods and Services: EndpointSlice, Istio's
+//! ServiceEntry and WorkloadEntry, and Gateway API Gateways and GatewayClasses (waypoints).
+//! Same rules as [`crate::kube::objects`]: only the fields the index reads, defaults applied,
+//! and errors that name the field.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::discovery::model::{
+    AllowedNamespaces, Endpoint, EndpointSlice, Gateway, GatewayClass, Labels, Listener, Object,
+    Resolution, ServiceEntry, ServiceEntryPort, SliceEndpoint, SlicePort, TargetRef, WorkloadEntry,
+};
+use crate::kube::objects::{RawMeta, parse, parse_ip, port_number, protocol, string_map};
+
+const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RawEndpointSlice {
+    metadata: RawMeta,
+    address_type: String,
+    endpoints: Vec<RawSliceEndpoint>,
+    ports: Vec<RawSlicePort>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RawSliceEndpoint {
+    addresses: Vec<String>,
+    conditions: RawSliceConditions,
+    target_ref: Option<RawTargetRef>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawSliceConditions {
+    ready: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawTargetRef {
+    kind: String,
+    namespace: Option<String>,
+    name: String,
+    uid: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawSlicePort {
+    name: Option<String>,
+    port: Option<i64>,
+    protocol: Option<String>,
+}
+
+pub(crate) fn endpoint_slice(value: &Value) -> Result<Object, String> {
+    let raw: RawEndpointSlice = parse(value)?;
+    let name = raw.metadata.name()?;
+    let namespace = raw.metadata.namespace();
+    let endpoints = raw
+        .endpoints
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let addresses = e
+                .addresses
+                .iter()
+                .enumerate()
+                .filter(|_| raw.address_type != "FQDN")
+                .map(|(j, a)| parse_ip(a, &format!("endpoints[{i}].addresses[{j}]")))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(SliceEndpoint {
+                addresses,
+                ready: e.conditions.ready,
+                target_ref: e.target_ref.as_ref().map(|t| TargetRef {
+                    kind: t.kind.clone(),
+                    namespace: t.namespace.clone().unwrap_or_else(|| namespace.clone()),
+                    name: t.name.clone(),
+                    uid: t.uid.clone(),
+                }),
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let ports = raw
+        .ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            Ok(SlicePort {
+                name: p.name.clone(),
+                port: p
+                    .port
+                    .map(|n| port_number(n, &format!("ports[{i}].port")))
+                    .transpose()?,
+                protocol: protocol(p.protocol.as_deref())?,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(Object::EndpointSlice(EndpointSlice {
+        service_name: raw.metadata.labels.get(SERVICE_NAME_LABEL).cloned(),
+        name,
+        namespace,
+        fqdn: raw.address_type == "FQDN",
+        endpoints,
+        ports,
+    }))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RawServiceEntry {
+    metadata: RawMeta,
+    spec: RawServiceEntrySpec,
+    status: RawServiceEntryStatus,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RawServiceEntrySpec {
+    hosts: Vec<String>,
+    addresses: Vec<String>,
+    ports: Vec<RawServiceEntryPort>,
+    resolution: Option<String>,
+    endpoints: Vec<RawEndpoint>,
+    workload_selector: Option<RawWorkloadSelector>,
+    subject_alt_names: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RawServiceEntryPort {
+    number: i64,
+    name: String,
+    protocol: Option<String>,
+    target_port: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawWorkloadSelector {
+    #[serde(deserialize_with = "string_map")]
+    labels: Labels,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RawEndpoint {
+    address: String,
+    ports: BTreeMap<String, i64>,
+    #[serde(deserialize_with = "string_map")]
+    labels: Labels,
+    network: String,
+    locality: String,
+    weight: i64,
+    service_account: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawServiceEntryStatus {
+    addresses: Vec<RawAllocatedAddress>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawAllocatedAddress {
+    host: String,
+    value: String,
+}
+
+fn endpoint(raw: &RawEndpoint, field: &str) -> Result<Endpoint, String> {
+    let ports = raw
+        .ports
+        .iter()
+        .map(|(name, n)| {
+            Ok((
+                name.clone(),
+                port_number(*n, &format!("{field}.ports.{name}"))?,
+            ))
+        })
+        .collect::<Result<BTreeMap<_, _>, String>>()?;
+    Ok(Endpoint {
+        address: raw.address.clone(),
+        ports,
+        labels: raw.labels.clone(),
+        network: raw.network.clone(),
+        locality: raw.locality.clone(),
+        weight: u32::try_from(raw.weight)
+            .map_err(|_| format!("{field}.weight: {} is out of range", raw.weight))?,
+        service_account: raw.service_account.clone(),
+    })
+}
+
+fn resolution(value: Option<&str>) -> Result<Resolution, String> {
+    Ok(match value.unwrap_or("NONE") {
+        "NONE" | "" => Resolution::None,
+        "STATIC" => Resolution::Static,
+        "DNS" => Resolution::Dns,
+        "DNS_ROUND_ROBIN" => Resolution::DnsRoundRobin,
+        "DYNAMIC_DNS" => Resolution::DynamicDns,
+        other => return Err(format!("spec.resolution: unknown value {other:?}")),
+    })
+}
+
+/// RFC 3339 text of `metadata.creationTimestamp`, or empty.
+fn created(meta: &RawMeta) -> String {
+    match &meta.creation_timestamp {
+        Some(Value::String(s)) => s.clone(),
+        _ => String::new(),
+    }
+}
+
+pub(crate) fn service_entry(value: &Value) -> Result<Object, String> {
+    let raw: RawServiceEntry = parse(value)?;
+    let spec = raw.spec;
+    let ports = spec
+        .ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            Ok(ServiceEntryPort {
+                name: p.name.clone(),
+                number: port_number(p.number, &format!("spec.ports[{i}].number"))?,
+                target_port: match p.target_port {
+                    None | Some(0) => None,
+                    Some(n) => Some(port_number(n, &format!("spec.ports[{i}].targetPort"))?),
+                },
+                protocol: p.protocol.clone().unwrap_or_default().to_ascii_uppercase(),
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let endpoints = spec
+        .endpoints
+        .iter()
+        .enumerate()
+        .map(|(i, e)| endpoint(e, &format!("spec.endpoints[{i}]")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let allocated = raw
+        .status
+        .addresses
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            Ok((
+                a.host.clone(),
+                parse_ip(&a.value, &format!("status.addresses[{i}].value"))?,
+            ))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    if spec.hosts.is_empty() {
+        return Err("spec.hosts is empty".into());
+    }
+    Ok(Object::ServiceEntry(ServiceEntry {
+        name: raw.metadata.name()?,
+        namespace: raw.metadata.namespace(),
+        created: created(&raw.metadata),
+        labels: raw.metadata.labels,
+        annotations: raw.metadata.annotations,
+        hosts: spec.hosts,
+        addresses: spec.addresses,
+        ports,
+        resolution: resolution(spec.resolution.as_deref())?,
+        endpoints,
+        workload_selector: spec.workload_selector.map(|s| s.labels),
+        subject_alt_names: spec.subject_alt_names,
+        allocated,
+    }))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawWorkloadEntry {
+    metadata: RawMeta,
+    spec: RawEndpoint,
+}
+
+pub(crate) fn workload_entry(value: &Value) -> Result<Object, String> {
+    let raw: RawWorkloadEntry = parse(value)?;
+    let endpoint = endpoint(&raw.spec, "spec")?;
+    // metadata labels win over spec labels.
+    let mut labels = endpoint.labels.clone();
+    labels.extend(raw.metadata.labels.clone());
+    Ok(Object::WorkloadEntry(WorkloadEntry {
+        name: raw.metadata.name()?,
+        namespace: raw.metadata.namespace(),
+        labels,
+        annotations: raw.metadata.annotations,
+        endpoint,
+    }))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawGatewayClass {
+    metadata: RawMeta,
+}
+
+pub(crate) fn gateway_class(value: &Value) -> Result<Object, String> {
+    let raw: RawGatewayClass = parse(value)?;
+    Ok(Object::GatewayClass(GatewayClass {
+        name: raw.metadata.name()?,
+        labels: raw.metadata.labels,
+        annotations: raw.metadata.annotations,
+    }))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawGateway {
+    metadata: RawMeta,
+    spec: RawGatewaySpec,
+    status: RawGatewayStatus,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RawGatewaySpec {
+    gateway_class_name: String,
+    listeners: Vec<RawListener>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RawListener {
+    name: String,
+    port: i64,
+    protocol: String,
+    allowed_routes: Option<RawAllowedRoutes>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawAllowedRoutes {
+    namespaces: Option<RawRouteNamespaces>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawRouteNamespaces {
+    from: Option<String>,
+    selector: Option<RawLabelSelector>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RawLabelSelector {
+    #[serde(deserialize_with = "string_map")]
+    match_labels: Labels,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawGatewayStatus {
+    addresses: Vec<RawGatewayAddress>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawGatewayAddress {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    value: String,
+}
+
+pub(crate) fn gateway(value: &Value) -> Result<Object, String> {
+    let raw: RawGateway = parse(value)?;
+    let listeners = raw
+        .spec
+        .listeners
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let allowed = match l.allowed_routes.as_ref().and_then(|r| r.namespaces.as_ref()) {
+                None => None,
+                Some(ns) => Some(match ns.from.as_deref().unwrap_or("Same") {
+                    "Same" => AllowedNamespaces::Same,
+                    "All" => AllowedNamespaces::All,
+                    "Selector" => AllowedNamespaces::Selector(
+                        ns.selector.as_ref().map(|s| s.match_labels.clone()).unwrap_or_default(),
+                    ),
+                    other => {
+                        return Err(format!(
+                            "spec.listeners[{i}].allowedRoutes.namespaces.from: unknown value {other:?}"
+                        ));
+                    }
+                }),
+            };
+            Ok(Listener {
+                name: l.name.clone(),
+                port: port_number(l.port, &format!("spec.listeners[{i}].port"))?,
+                protocol: l.protocol.clone(),
+                allowed,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(Object::Gateway(Gateway {
+        name: raw.metadata.name()?,
+        namespace: raw.metadata.namespace(),
+        labels: raw.metadata.labels,
+        annotations: raw.metadata.annotations,
+        class_name: raw.spec.gateway_class_name,
+        listeners,
+        addresses: raw
+            .status
+            .addresses
+            .into_iter()
+            // The Gateway API defaults an address's type to IPAddress.
+            .map(|a| (a.kind.unwrap_or_else(|| "IPAddress".into()), a.value))
+            .collect(),
+    }))
+}
