@@ -256,7 +256,7 @@ impl Store {
     pub fn remove(&mut self, reference: &ObjectRef, settings: &Settings) -> Option<Object> {
         use crate::discovery::model::Kind;
         let k = key(&reference.namespace, &reference.name);
-        let removed = match reference.kind {
+        match reference.kind {
             Kind::Namespace => self
                 .namespaces
                 .remove(&reference.name)
@@ -314,8 +314,7 @@ impl Store {
                 }
                 Some(Object::EndpointSlice(slice))
             }
-        };
-        removed
+        }
     }
 
     fn unclaim(&mut self, host: &str, namespace: &str, service: &ServiceRef) {

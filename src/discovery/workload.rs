@@ -42,7 +42,7 @@ pub fn build(
     }
     let instance = instance_of.as_ref().and_then(|k| store.waypoints.get(k));
     let (waypoint, application_tunnel) = match instance {
-        Some(instance) => (None, instance.binding.clone()),
+        Some(instance) => (None, instance.binding),
         None => (
             waypoint::resolve(store, &pod.namespace, &pod.labels, Bind::Workload, reads),
             None,
