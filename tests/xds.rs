@@ -403,15 +403,35 @@ async fn serves_the_example_mesh() {
     client.subscribe_wildcard(BTreeMap::new()).await;
     let (initial, _) = client.initial_sync().await;
     let decoded = addresses(&initial);
-    let workloads = decoded
-        .values()
-        .filter(|a| {
-            matches!(
-                a.r#type,
-                Some(ambientd::pb::workload::address::Type::Workload(_))
-            )
-        })
-        .count();
-    assert_eq!((workloads, decoded.len() - workloads), (6, 4));
+    let is_workload = |a: &ambientd::pb::workload::Address| {
+        matches!(
+            a.r#type,
+            Some(ambientd::pb::workload::address::Type::Workload(_))
+        )
+    };
+    let workloads = decoded.values().filter(|a| is_workload(a)).count();
+    // 6 bookinfo pods + the waypoint pod + a VM WorkloadEntry + the ServiceEntry's DNS workload;
+    // 4 bookinfo services + the waypoint's service + the ServiceEntry host.
+    assert_eq!((workloads, decoded.len() - workloads), (9, 6));
+
+    let reviews = service(&decoded["bookinfo/reviews.bookinfo.svc.cluster.local"]);
+    let waypoint = reviews
+        .waypoint
+        .as_ref()
+        .expect("reviews uses the waypoint");
+    assert_eq!(waypoint.hbone_mtls_port, 15008);
+    let waypoint_service = service(&decoded["bookinfo/waypoint.bookinfo.svc.cluster.local"]);
+    assert!(
+        waypoint_service.waypoint.is_none(),
+        "a waypoint's own service never uses one"
+    );
+    let external = service(&decoded["bookinfo/httpbin.org"]);
+    assert_eq!(external.addresses[0].address.as_ref(), &[240, 240, 0, 1]);
+    let vm = workload(&decoded["Kubernetes/networking.istio.io/WorkloadEntry/bookinfo/ratings-vm"]);
+    let ratings = &vm.services["bookinfo/ratings.bookinfo.svc.cluster.local"];
+    assert_eq!(
+        (ratings.ports[0].service_port, ratings.ports[0].target_port),
+        (9080, 9080)
+    );
     running.stop().await;
 }
