@@ -64,6 +64,11 @@ pub struct ServeArgs {
     #[arg(long, env = "AMBIENTD_SYSTEM_NAMESPACE", default_value = "istio-system", value_parser = non_empty)]
     pub system_namespace: String,
 
+    /// istiod revision: Istio config objects whose `istio.io/rev` label names another revision
+    /// are ignored; unlabelled ones are served only by the `default` revision.
+    #[arg(long, env = "AMBIENTD_REVISION", default_value = "default", value_parser = non_empty)]
+    pub revision: String,
+
     /// Log filter: a level (info, debug, ...) or a tracing directive list (ambientd=debug,info).
     #[arg(long, env = "AMBIENTD_LOG_LEVEL", default_value = "info", value_parser = log_filter)]
     pub log_level: String,
@@ -139,6 +144,7 @@ impl TryFrom<ServeArgs> for Config {
                 trust_domain: args.trust_domain,
                 domain: args.domain,
                 system_namespace: args.system_namespace,
+                revision: args.revision,
             },
         })
     }

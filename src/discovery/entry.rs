@@ -7,6 +7,7 @@ use crate::discovery::index::Settings;
 use crate::discovery::membership::{self, Member};
 use crate::discovery::model::{Endpoint, Labels, Resolution, ServiceEntry, WorkloadEntry};
 use crate::discovery::names::ip_bytes;
+use crate::discovery::policies;
 use crate::discovery::store::{Key, Store};
 use crate::discovery::waypoint::{self, Bind};
 use crate::discovery::workload::{
@@ -85,6 +86,12 @@ pub fn workload_entry(
         native_tunnel,
         waypoint: waypoint::resolve(store, &we.namespace, &we.labels, Bind::Workload, reads),
         services: membership::services_map(settings, store, &we.namespace, member),
+        authorization_policies: policies::workload_policies(
+            settings,
+            store,
+            &we.namespace,
+            &we.labels,
+        ),
         ..from_endpoint(settings, store, &we.endpoint)
     }
 }
@@ -100,6 +107,8 @@ pub fn service_entry_workloads(
 ) -> BTreeMap<String, Workload> {
     let mut out = BTreeMap::new();
     let (tunnel, native_tunnel) = tunnel_protocol(&se.labels, &se.annotations);
+    // Selected with the ServiceEntry's labels, not the endpoint's.
+    let policies = policies::workload_policies(settings, store, &se.namespace, &se.labels);
     let base =
         |endpoint: &Endpoint, uid_address: &str, services: BTreeMap<String, PortList>| Workload {
             uid: service_entry_uid(&settings.cluster_id, &se.namespace, &se.name, uid_address),
@@ -111,6 +120,7 @@ pub fn service_entry_workloads(
             tunnel_protocol: tunnel as i32,
             native_tunnel,
             services,
+            authorization_policies: policies.clone(),
             ..from_endpoint(settings, store, endpoint)
         };
     if !se.endpoints.is_empty() {

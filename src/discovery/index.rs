@@ -11,12 +11,16 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use crate::discovery::authorization::{PolicyStatus, REVISION_LABEL};
 use crate::discovery::model::{Event, Kind, Object, ObjectRef, selects};
-use crate::discovery::names::{ADDRESS_TYPE, TypeKind, network_address_key, service_key};
+use crate::discovery::names::{
+    ADDRESS_TYPE, AUTHORIZATION_TYPE, TypeKind, network_address_key, service_key,
+};
 use crate::discovery::snapshot::{Changes, HISTORY, Resource, ResourceMap, Snapshot};
 use crate::discovery::store::{Key, ServiceRef, Store, slice_pods};
 use crate::discovery::waypoint::Waypoint;
-use crate::discovery::{endpoint_slice, entry, service, service_entry, workload};
+use crate::discovery::{endpoint_slice, entry, policies, service, service_entry, workload};
+use crate::pb::security::Authorization;
 use crate::pb::workload::{self as wl, Address, address};
 
 pub use crate::discovery::store::NETWORK_LABEL;
@@ -31,6 +35,9 @@ pub struct Settings {
     pub domain: String,
     /// Its `topology.istio.io/network` label names the local network; also the root namespace.
     pub system_namespace: String,
+    /// istiod's revision: Istio config objects labelled `istio.io/rev` with another value are
+    /// ignored; unlabelled ones are taken when this is `default`.
+    pub revision: String,
 }
 
 impl Default for Settings {
@@ -40,6 +47,7 @@ impl Default for Settings {
             trust_domain: "cluster.local".into(),
             domain: "cluster.local".into(),
             system_namespace: "istio-system".into(),
+            revision: "default".into(),
         }
     }
 }
@@ -64,6 +72,9 @@ pub enum Target {
     WorkloadEntry(Key),
     EntryWorkloads(Key),
     Slice(Key),
+    Policy(Key),
+    PeerAuthentication(Key),
+    StaticStrict,
 }
 
 /// Applies events and keeps every resource built and encoded. One owner; readers get snapshots.
@@ -76,9 +87,11 @@ pub struct Index {
     aliases: imbl::HashMap<String, imbl::OrdSet<String>>,
     members: imbl::HashMap<String, imbl::OrdSet<String>>,
     /// Resource names each target produced last time.
-    produced: HashMap<Target, BTreeSet<String>>,
+    produced: HashMap<Target, BTreeSet<(TypeKind, String)>>,
     /// The target that produced each resource name.
-    owners: HashMap<String, Target>,
+    owners: HashMap<(TypeKind, String), Target>,
+    /// `ZtunnelAccepted` status of each AuthorizationPolicy, by `ns/name`.
+    policy_status: imbl::HashMap<String, PolicyStatus>,
     /// Waypoint -> targets that looked it up, and the reverse.
     waypoint_readers: HashMap<Key, HashSet<Target>>,
     target_reads: HashMap<Target, Vec<Key>>,
@@ -98,6 +111,7 @@ impl Index {
             members: imbl::HashMap::default(),
             produced: HashMap::new(),
             owners: HashMap::new(),
+            policy_status: imbl::HashMap::default(),
             waypoint_readers: HashMap::new(),
             target_reads: HashMap::new(),
             generation: 0,
@@ -125,8 +139,12 @@ impl Index {
         }
     }
 
-    /// Creates or replaces one object.
+    /// Creates or replaces one object. An Istio config object of another revision counts as
+    /// absent.
     pub fn apply(&mut self, object: Object) -> Changes {
+        if !self.accepted(&object) {
+            return self.delete(&object.object_ref());
+        }
         if self.store.holds(&object) {
             return Changes::default();
         }
@@ -190,6 +208,7 @@ impl Index {
             aliases: self.aliases.clone(),
             members: self.members.clone(),
             history: self.history.clone(),
+            policy_status: self.policy_status.clone(),
         })
     }
 
@@ -220,6 +239,29 @@ impl Index {
                 .cloned()
                 .map(Object::WorkloadEntry),
             Kind::EndpointSlice => s.slices.get(&k).cloned().map(Object::EndpointSlice),
+            Kind::AuthorizationPolicy => {
+                s.policies.get(&k).cloned().map(Object::AuthorizationPolicy)
+            }
+            Kind::PeerAuthentication => s
+                .peer_authentications
+                .get(&k)
+                .cloned()
+                .map(Object::PeerAuthentication),
+        }
+    }
+
+    /// istiod's revision filter (`ObjectInRevision`) on the Istio config kinds.
+    fn accepted(&self, object: &Object) -> bool {
+        let revision = match object {
+            Object::AuthorizationPolicy(p) => p.revision.as_deref(),
+            Object::PeerAuthentication(p) => p.revision.as_deref(),
+            Object::ServiceEntry(se) => se.labels.get(REVISION_LABEL).map(String::as_str),
+            Object::WorkloadEntry(we) => we.labels.get(REVISION_LABEL).map(String::as_str),
+            _ => return true,
+        };
+        match revision {
+            None | Some("") => self.settings.revision == "default",
+            Some(revision) => revision == self.settings.revision,
         }
     }
 
@@ -284,7 +326,44 @@ impl Index {
                 .map(Target::WorkloadEntry),
         );
         all.extend(s.slices.keys().cloned().map(Target::Slice));
+        all.extend(s.policies.keys().cloned().map(Target::Policy));
+        all.extend(
+            s.peer_authentications
+                .keys()
+                .cloned()
+                .map(Target::PeerAuthentication),
+        );
+        all.push(Target::StaticStrict);
         all
+    }
+
+    /// Every workload (pods, WorkloadEntries, ServiceEntry endpoints) of a namespace, or of
+    /// every namespace when it is the root namespace: the ones a policy there may reach.
+    fn policy_scope(&self, namespace: &str, targets: &mut BTreeSet<Target>) {
+        let namespaces: Vec<String> = if namespace == self.settings.system_namespace {
+            self.store.members.keys().cloned().collect()
+        } else {
+            vec![namespace.to_string()]
+        };
+        for ns in namespaces {
+            let Some(m) = self.store.members(&ns) else {
+                continue;
+            };
+            let key = |name: &String| (ns.clone(), name.clone());
+            targets.extend(m.pods.iter().map(key).map(Target::Pod));
+            targets.extend(
+                m.workload_entries
+                    .iter()
+                    .map(key)
+                    .map(Target::WorkloadEntry),
+            );
+            targets.extend(
+                m.service_entries
+                    .iter()
+                    .map(key)
+                    .map(Target::EntryWorkloads),
+            );
+        }
     }
 
     /// Every target in a namespace.
@@ -309,6 +388,13 @@ impl Index {
                 .map(Target::WorkloadEntry),
         );
         targets.extend(m.slices.iter().map(key).map(Target::Slice));
+        targets.extend(m.policies.iter().map(key).map(Target::Policy));
+        targets.extend(
+            m.peer_authentications
+                .iter()
+                .map(key)
+                .map(Target::PeerAuthentication),
+        );
     }
 
     /// Pods and WorkloadEntries of `namespace` that `selector` picks.
@@ -376,6 +462,29 @@ impl Index {
                     .claimed_hostnames(&ServiceRef::Kube(key.clone()), &self.settings);
                 self.hostname_rivals(&hosts, targets);
             }
+            Object::AuthorizationPolicy(policy) => {
+                targets.insert(Target::Policy(key));
+                // Workloads whose reference list may change: those its selector reaches.
+                if policy.selector.as_ref().is_some_and(|s| !s.is_empty()) {
+                    self.policy_scope(&policy.namespace, targets);
+                }
+            }
+            Object::PeerAuthentication(pa) => {
+                // Parents of other PAs' converted policies, the static policy, and references.
+                targets.insert(Target::StaticStrict);
+                let root = pa.namespace == self.settings.system_namespace;
+                let peers: Vec<Key> = if root {
+                    self.store.peer_authentications.keys().cloned().collect()
+                } else {
+                    self.store
+                        .peer_authentications_in(&pa.namespace)
+                        .map(|p| (p.namespace.clone(), p.name.clone()))
+                        .collect()
+                };
+                targets.extend(peers.into_iter().map(Target::PeerAuthentication));
+                targets.insert(Target::PeerAuthentication(key));
+                self.policy_scope(&pa.namespace, targets);
+            }
             Object::ServiceEntry(se) => {
                 targets.insert(Target::EntryServices(key.clone()));
                 targets.insert(Target::EntryWorkloads(key));
@@ -415,65 +524,116 @@ impl Index {
         }
     }
 
-    /// Builds every resource of one target.
-    fn build(&self, target: &Target, reads: &mut Vec<Key>) -> Vec<Resource> {
+    /// Builds every resource of one target, and a policy's status.
+    fn build(&self, target: &Target, reads: &mut Vec<Key>) -> Built {
         let (settings, store) = (&self.settings, &self.store);
+        let addresses = |resources: Vec<Resource>| Built {
+            resources: resources
+                .into_iter()
+                .map(|r| (TypeKind::Address, r))
+                .collect(),
+            status: None,
+        };
+        let authorization = |a: Option<Authorization>| Built {
+            resources: a
+                .map(|a| (TypeKind::Authorization, authorization_resource(a)))
+                .into_iter()
+                .collect(),
+            status: None,
+        };
         match target {
-            Target::Pod(k) => store
-                .pods
-                .get(k)
-                .and_then(|pod| workload::build(settings, store, pod, reads))
-                .map(workload_resource)
-                .into_iter()
-                .collect(),
-            Target::WorkloadEntry(k) => store
-                .workload_entries
-                .get(k)
-                .map(|we| workload_resource(entry::workload_entry(settings, store, we, reads)))
-                .into_iter()
-                .collect(),
-            Target::EntryWorkloads(k) => store
-                .service_entries
-                .get(k)
-                .map(|se| entry::service_entry_workloads(settings, store, se, reads))
-                .unwrap_or_default()
-                .into_values()
-                .map(workload_resource)
-                .collect(),
-            Target::Slice(k) => store
-                .slices
-                .get(k)
-                .map(|slice| endpoint_slice::build(settings, store, slice))
-                .unwrap_or_default()
-                .into_values()
-                .map(workload_resource)
-                .collect(),
-            Target::KubeService(k) => store
-                .services
-                .get(k)
-                .and_then(|svc| service::build(settings, store, svc, reads))
-                .map(service_resource)
-                .into_iter()
-                .collect(),
-            Target::EntryServices(k) => store
-                .service_entries
-                .get(k)
-                .map(|se| service_entry::build(settings, store, se, reads))
-                .unwrap_or_default()
-                .into_iter()
-                .map(service_resource)
-                .collect(),
+            Target::Pod(k) => addresses(
+                store
+                    .pods
+                    .get(k)
+                    .and_then(|pod| workload::build(settings, store, pod, reads))
+                    .map(workload_resource)
+                    .into_iter()
+                    .collect(),
+            ),
+            Target::WorkloadEntry(k) => addresses(
+                store
+                    .workload_entries
+                    .get(k)
+                    .map(|we| workload_resource(entry::workload_entry(settings, store, we, reads)))
+                    .into_iter()
+                    .collect(),
+            ),
+            Target::EntryWorkloads(k) => addresses(
+                store
+                    .service_entries
+                    .get(k)
+                    .map(|se| entry::service_entry_workloads(settings, store, se, reads))
+                    .unwrap_or_default()
+                    .into_values()
+                    .map(workload_resource)
+                    .collect(),
+            ),
+            Target::Slice(k) => addresses(
+                store
+                    .slices
+                    .get(k)
+                    .map(|slice| endpoint_slice::build(settings, store, slice))
+                    .unwrap_or_default()
+                    .into_values()
+                    .map(workload_resource)
+                    .collect(),
+            ),
+            Target::KubeService(k) => addresses(
+                store
+                    .services
+                    .get(k)
+                    .and_then(|svc| service::build(settings, store, svc, reads))
+                    .map(service_resource)
+                    .into_iter()
+                    .collect(),
+            ),
+            Target::EntryServices(k) => addresses(
+                store
+                    .service_entries
+                    .get(k)
+                    .map(|se| service_entry::build(settings, store, se, reads))
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(service_resource)
+                    .collect(),
+            ),
+            Target::Policy(k) => match policies::convert(settings, store, k) {
+                Some(converted) => Built {
+                    status: Some(converted.status),
+                    ..authorization(converted.authorization)
+                },
+                None => Built {
+                    status: Some(None),
+                    ..authorization(None)
+                },
+            },
+            Target::PeerAuthentication(k) => {
+                authorization(policies::converted_peer_policy(settings, store, k))
+            }
+            Target::StaticStrict => authorization(policies::static_strict(settings, store)),
         }
     }
 
     fn rebuild(&mut self, targets: BTreeSet<Target>) -> Changes {
         let mut changes = Changes::default();
-        let mut released: Vec<(String, Target)> = Vec::new();
+        let mut released: Vec<((TypeKind, String), Target)> = Vec::new();
         for target in targets {
             let mut reads = Vec::new();
-            let resources = self.build(&target, &mut reads);
+            let built = self.build(&target, &mut reads);
             self.record_reads(&target, reads);
-            let names: BTreeSet<String> = resources.iter().map(|r| r.name.clone()).collect();
+            if let (Target::Policy(k), Some(status)) = (&target, built.status) {
+                let name = format!("{}/{}", k.0, k.1);
+                match status {
+                    Some(status) => self.policy_status.insert(name, status),
+                    None => self.policy_status.remove(&name),
+                };
+            }
+            let names: BTreeSet<(TypeKind, String)> = built
+                .resources
+                .iter()
+                .map(|(kind, r)| (*kind, r.name.clone()))
+                .collect();
             let before = if names.is_empty() {
                 self.produced.remove(&target)
             } else {
@@ -482,17 +642,17 @@ impl Index {
             for name in before.unwrap_or_default().difference(&names) {
                 released.push((name.clone(), target.clone()));
             }
-            for resource in resources {
-                self.owners.insert(resource.name.clone(), target.clone());
+            for (kind, resource) in built.resources {
                 let name = resource.name.clone();
-                self.set_address(&name, Some(resource), &mut changes);
+                self.owners.insert((kind, name.clone()), target.clone());
+                self.set_resource(kind, &name, Some(resource), &mut changes);
             }
         }
         // A name another target took over in this same step stays.
         for (name, target) in released {
             if self.owners.get(&name) == Some(&target) {
                 self.owners.remove(&name);
-                self.set_address(&name, None, &mut changes);
+                self.set_resource(name.0, &name.1, None, &mut changes);
             }
         }
         self.unpublished.merge(&changes);
@@ -520,6 +680,34 @@ impl Index {
                 .insert(target.clone());
         }
         self.target_reads.insert(target.clone(), reads);
+    }
+
+    /// Stores (or removes) one resource and records a change only if the bytes differ.
+    fn set_resource(
+        &mut self,
+        kind: TypeKind,
+        name: &str,
+        new: Option<Resource>,
+        changes: &mut Changes,
+    ) {
+        if kind == TypeKind::Address {
+            return self.set_address(name, new, changes);
+        }
+        let old = self.authorizations.get(name);
+        if old.map(|r| &r.any) == new.as_ref().map(|r| &r.any) {
+            return;
+        }
+        let changes = changes.of_mut(kind);
+        match new {
+            Some(new) => {
+                self.authorizations.insert(name.to_string(), Arc::new(new));
+                changes.upsert(name);
+            }
+            None => {
+                self.authorizations.remove(name);
+                changes.remove(name);
+            }
+        }
     }
 
     /// Stores (or removes) one Address resource, keeping the alias and member indexes in step,
@@ -561,6 +749,18 @@ impl Index {
             }
         }
     }
+}
+
+/// What building one target produced.
+struct Built {
+    resources: Vec<(TypeKind, Resource)>,
+    /// For a policy: its new status (`Some(None)`: none).
+    status: Option<Option<PolicyStatus>>,
+}
+
+fn authorization_resource(a: Authorization) -> Resource {
+    let name = format!("{}/{}", a.namespace, a.name);
+    Resource::encode(AUTHORIZATION_TYPE, name, Vec::new(), false, Vec::new(), &a)
 }
 
 fn workload_resource(w: wl::Workload) -> Resource {

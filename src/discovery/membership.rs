@@ -173,15 +173,16 @@ pub fn se_target(port: &ServiceEntryPort) -> u16 {
 /// pod (kind, namespace, name and uid).
 fn slice_services<'a>(store: &'a Store, pod: &Pod) -> Vec<&'a Service> {
     let key = (pod.namespace.clone(), pod.name.clone());
-    let Some(slice_names) = store.slices_by_pod.get(&key) else {
+    let Some(slice_keys) = store.slices_by_pod.get(&key) else {
         return Vec::new();
     };
     let mut services: HashMap<&str, &Service> = HashMap::new();
-    for name in slice_names {
-        let Some(slice) = store.slices.get(&(pod.namespace.clone(), name.clone())) else {
+    for slice_key in slice_keys {
+        let Some(slice) = store.slices.get(slice_key) else {
             continue;
         };
-        if slice.fqdn {
+        // Membership never crosses namespaces.
+        if slice.fqdn || slice.namespace != pod.namespace {
             continue;
         }
         let targets_pod = slice.endpoints.iter().any(|e| {

@@ -9,6 +9,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 
+pub use crate::discovery::authorization::AuthorizationPolicy;
+pub use crate::discovery::peer_authentication::PeerAuthentication;
+
 /// Labels or annotations.
 pub type Labels = BTreeMap<String, String>;
 
@@ -24,11 +27,13 @@ pub enum Kind {
     WorkloadEntry,
     GatewayClass,
     Gateway,
+    AuthorizationPolicy,
+    PeerAuthentication,
 }
 
 impl Kind {
     /// Every kind, in the order a full load applies them (containers before contents).
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 11] = [
         Kind::Namespace,
         Kind::Node,
         Kind::GatewayClass,
@@ -38,6 +43,8 @@ impl Kind {
         Kind::EndpointSlice,
         Kind::WorkloadEntry,
         Kind::Pod,
+        Kind::AuthorizationPolicy,
+        Kind::PeerAuthentication,
     ];
 
     /// Whether objects of this kind live in a namespace.
@@ -97,6 +104,8 @@ pub enum Object {
     WorkloadEntry(WorkloadEntry),
     GatewayClass(GatewayClass),
     Gateway(Gateway),
+    AuthorizationPolicy(AuthorizationPolicy),
+    PeerAuthentication(PeerAuthentication),
 }
 
 impl Object {
@@ -111,6 +120,8 @@ impl Object {
             Object::WorkloadEntry(_) => Kind::WorkloadEntry,
             Object::GatewayClass(_) => Kind::GatewayClass,
             Object::Gateway(_) => Kind::Gateway,
+            Object::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
+            Object::PeerAuthentication(_) => Kind::PeerAuthentication,
         }
     }
 
@@ -125,6 +136,8 @@ impl Object {
             Object::ServiceEntry(o) => (o.namespace.as_str(), &o.name),
             Object::WorkloadEntry(o) => (o.namespace.as_str(), &o.name),
             Object::Gateway(o) => (o.namespace.as_str(), &o.name),
+            Object::AuthorizationPolicy(o) => (o.namespace.as_str(), &o.name),
+            Object::PeerAuthentication(o) => (o.namespace.as_str(), &o.name),
         };
         ObjectRef::new(self.kind(), namespace, name)
     }

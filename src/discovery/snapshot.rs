@@ -10,6 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use prost::Message;
 
+use crate::discovery::authorization::PolicyStatus;
 use crate::discovery::names::TypeKind;
 use crate::pb::google::protobuf::Any;
 
@@ -147,6 +148,8 @@ pub struct Snapshot {
     pub members: imbl::HashMap<String, imbl::OrdSet<String>>,
     /// `(generation, changes that produced it)`, oldest first, at most [`HISTORY`] entries.
     pub history: imbl::Vector<(u64, Arc<Changes>)>,
+    /// The `ZtunnelAccepted` condition of each AuthorizationPolicy, by `ns/name`.
+    pub policy_status: imbl::HashMap<String, PolicyStatus>,
 }
 
 impl Snapshot {

@@ -8,8 +8,8 @@ use std::collections::{BTreeSet, HashMap};
 
 use crate::discovery::index::Settings;
 use crate::discovery::model::{
-    EndpointSlice, Gateway, GatewayClass, Labels, Namespace, Node, Object, ObjectRef, Pod, Service,
-    ServiceEntry, WorkloadEntry,
+    AuthorizationPolicy, EndpointSlice, Gateway, GatewayClass, Labels, Namespace, Node, Object,
+    ObjectRef, PeerAuthentication, Pod, Service, ServiceEntry, WorkloadEntry,
 };
 use crate::discovery::names::service_hostname;
 use crate::discovery::waypoint::Waypoint;
@@ -35,6 +35,8 @@ pub struct NamespaceMembers {
     pub slices: BTreeSet<String>,
     pub service_entries: BTreeSet<String>,
     pub workload_entries: BTreeSet<String>,
+    pub policies: BTreeSet<String>,
+    pub peer_authentications: BTreeSet<String>,
 }
 
 #[derive(Debug, Default)]
@@ -48,14 +50,17 @@ pub struct Store {
     pub workload_entries: HashMap<Key, WorkloadEntry>,
     pub gateway_classes: HashMap<String, GatewayClass>,
     pub gateways: HashMap<Key, Gateway>,
+    pub policies: HashMap<Key, AuthorizationPolicy>,
+    pub peer_authentications: HashMap<Key, PeerAuthentication>,
     /// Gateways that are ready waypoints (derived from Gateway + GatewayClass).
     pub waypoints: HashMap<Key, Waypoint>,
     pub members: HashMap<String, NamespaceMembers>,
     pub pods_by_node: HashMap<String, BTreeSet<Key>>,
     /// `(ns, service name)` -> slices labelled for it.
     pub slices_by_service: HashMap<Key, BTreeSet<String>>,
-    /// Pod -> slices with an endpoint whose targetRef names it.
-    pub slices_by_pod: HashMap<Key, BTreeSet<String>>,
+    /// Pod -> slices (which may live in another namespace) with an endpoint whose targetRef
+    /// names it.
+    pub slices_by_pod: HashMap<Key, BTreeSet<Key>>,
     /// Hostname -> `(namespace, object)` claiming it.
     pub hostnames: HashMap<String, BTreeSet<(String, ServiceRef)>>,
 }
@@ -115,6 +120,28 @@ impl Store {
             .into_iter()
             .flat_map(|m| m.workload_entries.iter())
             .filter_map(move |name| self.workload_entries.get(&key(namespace, name)))
+    }
+
+    /// AuthorizationPolicies of one namespace, in name order.
+    pub fn policies_in<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> impl Iterator<Item = &'a AuthorizationPolicy> + 'a {
+        self.members(namespace)
+            .into_iter()
+            .flat_map(|m| m.policies.iter())
+            .filter_map(move |name| self.policies.get(&key(namespace, name)))
+    }
+
+    /// PeerAuthentications of one namespace, in name order.
+    pub fn peer_authentications_in<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> impl Iterator<Item = &'a PeerAuthentication> + 'a {
+        self.members(namespace)
+            .into_iter()
+            .flat_map(|m| m.peer_authentications.iter())
+            .filter_map(move |name| self.peer_authentications.get(&key(namespace, name)))
     }
 
     /// The hostnames a service-publishing object claims.
@@ -232,6 +259,16 @@ impl Store {
                 self.member_mut(&k.0).workload_entries.insert(k.1.clone());
                 self.workload_entries.insert(k, we);
             }
+            Object::AuthorizationPolicy(p) => {
+                self.member_mut(&k.0).policies.insert(k.1.clone());
+                self.policies.insert(k, p);
+            }
+            Object::PeerAuthentication(p) => {
+                self.member_mut(&k.0)
+                    .peer_authentications
+                    .insert(k.1.clone());
+                self.peer_authentications.insert(k, p);
+            }
             Object::EndpointSlice(slice) => {
                 self.member_mut(&k.0).slices.insert(k.1.clone());
                 if let Some(service) = &slice.service_name {
@@ -241,10 +278,7 @@ impl Store {
                         .insert(k.1.clone());
                 }
                 for pod in slice_pods(&slice) {
-                    self.slices_by_pod
-                        .entry(pod)
-                        .or_default()
-                        .insert(k.1.clone());
+                    self.slices_by_pod.entry(pod).or_default().insert(k.clone());
                 }
                 self.slices.insert(k, slice);
             }
@@ -299,6 +333,16 @@ impl Store {
                 self.member_mut(&k.0).workload_entries.remove(&k.1);
                 Some(Object::WorkloadEntry(we))
             }
+            Kind::AuthorizationPolicy => {
+                let p = self.policies.remove(&k)?;
+                self.member_mut(&k.0).policies.remove(&k.1);
+                Some(Object::AuthorizationPolicy(p))
+            }
+            Kind::PeerAuthentication => {
+                let p = self.peer_authentications.remove(&k)?;
+                self.member_mut(&k.0).peer_authentications.remove(&k.1);
+                Some(Object::PeerAuthentication(p))
+            }
             Kind::EndpointSlice => {
                 let slice = self.slices.remove(&k)?;
                 self.member_mut(&k.0).slices.remove(&k.1);
@@ -308,8 +352,11 @@ impl Store {
                     names.remove(&k.1);
                 }
                 for pod in slice_pods(&slice) {
-                    if let Some(names) = self.slices_by_pod.get_mut(&pod) {
-                        names.remove(&k.1);
+                    if let Some(slices) = self.slices_by_pod.get_mut(&pod) {
+                        slices.remove(&k);
+                        if slices.is_empty() {
+                            self.slices_by_pod.remove(&pod);
+                        }
                     }
                 }
                 Some(Object::EndpointSlice(slice))
@@ -344,6 +391,8 @@ impl Store {
             Object::ServiceEntry(o) => self.service_entries.get(&k) == Some(o),
             Object::WorkloadEntry(o) => self.workload_entries.get(&k) == Some(o),
             Object::EndpointSlice(o) => self.slices.get(&k) == Some(o),
+            Object::AuthorizationPolicy(o) => self.policies.get(&k) == Some(o),
+            Object::PeerAuthentication(o) => self.peer_authentications.get(&k) == Some(o),
         }
     }
 
@@ -368,6 +417,8 @@ impl Store {
             Kind::ServiceEntry => keyed(kind, &self.service_entries),
             Kind::WorkloadEntry => keyed(kind, &self.workload_entries),
             Kind::EndpointSlice => keyed(kind, &self.slices),
+            Kind::AuthorizationPolicy => keyed(kind, &self.policies),
+            Kind::PeerAuthentication => keyed(kind, &self.peer_authentications),
         }
     }
 }

@@ -4,6 +4,7 @@ use crate::discovery::index::Settings;
 use crate::discovery::membership::{self, Member};
 use crate::discovery::model::{Labels, Pod};
 use crate::discovery::names::{ip_bytes, pod_uid};
+use crate::discovery::policies;
 use crate::discovery::store::{Key, Store};
 use crate::discovery::waypoint::{self, Bind, GATEWAY_NAME_LABEL};
 use crate::pb::workload::{
@@ -64,6 +65,12 @@ pub fn build(
         workload_type: WorkloadType::Pod as i32,
         workload_name,
         services: membership::services_map(settings, store, &pod.namespace, Member::Pod(pod)),
+        authorization_policies: policies::workload_policies(
+            settings,
+            store,
+            &pod.namespace,
+            &pod.labels,
+        ),
         waypoint,
         application_tunnel,
         status: if healthy {

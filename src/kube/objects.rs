@@ -4,7 +4,7 @@
 //! Defaults applied on read (what the API server would write), listed in docs/manifests.md:
 //! a namespaced object without `metadata.namespace` is in `default`; a Service port's
 //! `protocol` is TCP and its `targetPort` is its `port`; `spec.type` is ClusterIP;
-//! `clusterIPs` is `[clusterIP]`; `ipFamilies` follows the cluster IPs; a container port's
+//! `clusterIPs` is `[clusterIP]`; a container port's
 //! `protocol` is TCP; a Pod's `serviceAccountName` is `serviceAccount` or `default`; its
 //! `status.phase` is `Pending`; `podIPs` is `[podIP]`.
 
@@ -18,7 +18,7 @@ use crate::discovery::model::{
     ContainerPort, IpFamily, Labels, Namespace, Node, Object, Owner, Pod, Protocol, Service,
     ServicePort, TargetPort,
 };
-use crate::kube::mesh;
+use crate::kube::{mesh, security};
 
 /// Why one object could not be used. It names the object and the field.
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +90,12 @@ pub fn decode(value: Value) -> Vec<Decoded> {
         }
         ("gateway.networking.k8s.io/v1" | "gateway.networking.k8s.io/v1beta1", "GatewayClass") => {
             mesh::gateway_class(&value)
+        }
+        ("security.istio.io/v1" | "security.istio.io/v1beta1", "AuthorizationPolicy") => {
+            security::decode_authorization_policy(&value).map(Object::AuthorizationPolicy)
+        }
+        ("security.istio.io/v1" | "security.istio.io/v1beta1", "PeerAuthentication") => {
+            security::decode_peer_authentication(&value).map(Object::PeerAuthentication)
         }
         _ => return vec![Decoded::Ignored(kind_name)],
     };
@@ -341,8 +347,8 @@ impl RawPod {
             ips,
             service_account: spec
                 .service_account_name
-                .or(spec.service_account)
                 .filter(|sa| !sa.is_empty())
+                .or(spec.service_account.filter(|sa| !sa.is_empty()))
                 .unwrap_or_else(|| "default".into()),
             node_name: spec.node_name,
             host_network: spec.host_network,
@@ -436,29 +442,17 @@ impl RawService {
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
-        let ip_families = if spec.ip_families.is_empty() {
-            let mut families: Vec<IpFamily> = Vec::new();
-            for ip in &cluster_ips {
-                let family = if ip.is_ipv4() {
-                    IpFamily::V4
-                } else {
-                    IpFamily::V6
-                };
-                if !families.contains(&family) {
-                    families.push(family);
-                }
-            }
-            families
-        } else {
-            spec.ip_families
-                .iter()
-                .map(|f| match f.as_str() {
-                    "IPv4" => Ok(IpFamily::V4),
-                    "IPv6" => Ok(IpFamily::V6),
-                    other => Err(format!("spec.ipFamilies: unknown family {other:?}")),
-                })
-                .collect::<Result<_, _>>()?
-        };
+        // Not defaulted from the cluster IPs: istiod reads `spec.ipFamilies` as written, and
+        // the API server always fills it in a real cluster.
+        let ip_families = spec
+            .ip_families
+            .iter()
+            .map(|f| match f.as_str() {
+                "IPv4" => Ok(IpFamily::V4),
+                "IPv6" => Ok(IpFamily::V6),
+                other => Err(format!("spec.ipFamilies: unknown family {other:?}")),
+            })
+            .collect::<Result<_, _>>()?;
         Ok(Object::Service(Service {
             name,
             namespace: self.metadata.namespace(),
@@ -527,7 +521,7 @@ mod tests {
         assert_eq!(svc.ports[0].target_port, TargetPort::Number(80));
         assert_eq!(svc.ports[0].protocol, Protocol::Tcp);
         assert_eq!(svc.cluster_ips, vec!["10.0.0.1".parse::<IpAddr>().unwrap()]);
-        assert_eq!(svc.ip_families, vec![IpFamily::V4]);
+        assert!(svc.ip_families.is_empty(), "ipFamilies is read as written");
         assert!(!svc.external_name && !svc.internal_traffic_local);
     }
 

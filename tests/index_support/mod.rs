@@ -1,13 +1,15 @@
 //! Builders for reduced objects and decoders for the resources an `Index` publishes, shared by
 //! the pure-core table tests (`index.rs`, `index_services.rs`, `index_changes.rs`,
-//! `subscription.rs`).
+//! `subscription.rs`, `dependencies.rs`, `reset_property.rs`).
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ambientd::discovery::model::{
-    IpFamily, Labels, Namespace, Node, Pod, Protocol, Service, ServicePort, TargetPort,
+    Endpoint, EndpointSlice, Gateway, GatewayClass, IpFamily, Labels, Namespace, Node, Pod,
+    Protocol, Resolution, Service, ServiceEntry, ServiceEntryPort, ServicePort, SliceEndpoint,
+    SlicePort, TargetPort, TargetRef, WorkloadEntry,
 };
 use ambientd::discovery::{Index, Object, Settings, Snapshot};
 use ambientd::pb::workload::{self, Address, Workload, address};
@@ -179,4 +181,183 @@ pub fn versions(snapshot: &Snapshot) -> BTreeMap<String, String> {
         .iter()
         .map(|(name, r)| (name.clone(), r.version.clone()))
         .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mesh kinds: ServiceEntry, WorkloadEntry, EndpointSlice, Gateway, GatewayClass
+// ---------------------------------------------------------------------------------------------
+
+/// A namespace with labels.
+pub fn ns_with(name: &str, ns_labels: &[(&str, &str)]) -> Namespace {
+    Namespace {
+        labels: labels(ns_labels),
+        ..ns(name)
+    }
+}
+
+/// A ServiceEntry port with the given protocol (upper-case, as the source reduces it).
+pub fn se_port(name: &str, number: u16, protocol: &str) -> ServiceEntryPort {
+    ServiceEntryPort {
+        name: name.into(),
+        number,
+        target_port: None,
+        protocol: protocol.into(),
+    }
+}
+
+/// A ServiceEntry endpoint at `address` (an IP or a hostname).
+pub fn endpoint(address: &str) -> Endpoint {
+    Endpoint {
+        address: address.into(),
+        ..Default::default()
+    }
+}
+
+/// A STATIC ServiceEntry for `hosts` with one `http` port 80, no addresses, no endpoints and
+/// no creation time.
+pub fn service_entry(namespace: &str, name: &str, hosts: &[&str]) -> ServiceEntry {
+    ServiceEntry {
+        name: name.into(),
+        namespace: namespace.into(),
+        hosts: hosts.iter().map(|h| h.to_string()).collect(),
+        ports: vec![se_port("http", 80, "HTTP")],
+        resolution: Resolution::Static,
+        ..Default::default()
+    }
+}
+
+/// A WorkloadEntry at `address` with (merged) labels.
+pub fn workload_entry(
+    namespace: &str,
+    name: &str,
+    address: &str,
+    we_labels: &[(&str, &str)],
+) -> WorkloadEntry {
+    WorkloadEntry {
+        name: name.into(),
+        namespace: namespace.into(),
+        labels: labels(we_labels),
+        endpoint: endpoint(address),
+        ..Default::default()
+    }
+}
+
+/// An EndpointSlice labelled `kubernetes.io/service-name=<service>`, without endpoints or ports.
+pub fn slice(namespace: &str, name: &str, service: &str) -> EndpointSlice {
+    EndpointSlice {
+        name: name.into(),
+        namespace: namespace.into(),
+        service_name: Some(service.into()),
+        ..Default::default()
+    }
+}
+
+/// A slice endpoint at `address` without a targetRef.
+pub fn slice_ip(address: &str) -> SliceEndpoint {
+    SliceEndpoint {
+        addresses: vec![ip(address)],
+        ..Default::default()
+    }
+}
+
+/// A slice endpoint at `address` whose targetRef names a Pod.
+pub fn slice_pod(address: &str, namespace: &str, name: &str, pod_uid: &str) -> SliceEndpoint {
+    SliceEndpoint {
+        target_ref: Some(TargetRef {
+            kind: "Pod".into(),
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: pod_uid.into(),
+        }),
+        ..slice_ip(address)
+    }
+}
+
+/// A named TCP slice port.
+pub fn slice_port(name: &str, port: u16) -> SlicePort {
+    SlicePort {
+        name: Some(name.into()),
+        port: Some(port),
+        protocol: Protocol::Tcp,
+    }
+}
+
+pub fn gateway_class(name: &str, class_labels: &[(&str, &str)]) -> GatewayClass {
+    GatewayClass {
+        name: name.into(),
+        labels: labels(class_labels),
+        ..Default::default()
+    }
+}
+
+/// A Gateway of class `istio-waypoint` with no listeners and no status address (not ready).
+pub fn gateway(namespace: &str, name: &str) -> Gateway {
+    Gateway {
+        name: name.into(),
+        namespace: namespace.into(),
+        class_name: "istio-waypoint".into(),
+        ..Default::default()
+    }
+}
+
+/// `gateway(..)` with a status `IPAddress`: a ready waypoint.
+pub fn ready_gateway(namespace: &str, name: &str, address: &str) -> Gateway {
+    Gateway {
+        addresses: vec![("IPAddress".into(), address.into())],
+        ..gateway(namespace, name)
+    }
+}
+
+/// A WorkloadEntry's resource name with default settings.
+pub fn we_uid(namespace: &str, name: &str) -> String {
+    format!("Kubernetes/networking.istio.io/WorkloadEntry/{namespace}/{name}")
+}
+
+/// A ServiceEntry endpoint's resource name with default settings.
+pub fn se_uid(namespace: &str, name: &str, address: &str) -> String {
+    format!("Kubernetes/networking.istio.io/ServiceEntry/{namespace}/{name}/{address}")
+}
+
+/// An EndpointSlice endpoint's resource name with default settings.
+pub fn slice_uid(namespace: &str, name: &str, address: &str) -> String {
+    format!("Kubernetes/discovery.k8s.io/EndpointSlice/{namespace}/{name}/{address}")
+}
+
+/// A ServiceEntry host's resource name and services-map key.
+pub fn host_key(namespace: &str, host: &str) -> String {
+    format!("{namespace}/{host}")
+}
+
+/// Every Authorization resource as name -> version.
+pub fn authorization_versions(snapshot: &Snapshot) -> BTreeMap<String, String> {
+    snapshot
+        .authorizations
+        .iter()
+        .map(|(name, r)| (name.clone(), r.version.clone()))
+        .collect()
+}
+
+/// A slice for `service` with one endpoint at `address` and no targetRef.
+pub fn ip_slice(namespace: &str, name: &str, service: &str, address: &str) -> EndpointSlice {
+    EndpointSlice {
+        endpoints: vec![slice_ip(address)],
+        ..slice(namespace, name, service)
+    }
+}
+
+/// Address names whose version differs between two snapshots: `(upserted, removed)`, which
+/// is what the `Changes` of the steps between them must say.
+pub fn diff(before: &Snapshot, after: &Snapshot) -> (BTreeSet<String>, BTreeSet<String>) {
+    let (old, new) = (versions(before), versions(after));
+    let upserted = new
+        .iter()
+        .filter(|(name, version)| old.get(*name) != Some(*version))
+        .map(|(name, _)| name.clone())
+        .collect();
+    let removed = old
+        .keys()
+        .filter(|name| !new.contains_key(*name))
+        .cloned()
+        .collect();
+    (upserted, removed)
 }

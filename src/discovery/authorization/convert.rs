@@ -131,7 +131,10 @@ pub fn convert_policy_with(
         PolicyAction::Allow => Action::Allow,
         PolicyAction::Deny => Action::Deny,
         PolicyAction::Audit | PolicyAction::Custom => {
-            let message = format!("ztunnel does not support the {} action", policy.action.as_str());
+            let message = format!(
+                "ztunnel does not support the {} action",
+                policy.action.as_str()
+            );
             return not_sent(Some(PolicyStatus::new(false, "UnsupportedValue", message)));
         }
         PolicyAction::Unknown(text) => {
@@ -172,7 +175,7 @@ pub fn convert_policy_with(
 
 /// Whether [`convert_policy_with`] produces an Authorization for this policy.
 pub(super) fn is_sent(policy: &AuthorizationPolicy, dry_run_enabled: bool) -> bool {
-    !(policy.dry_run && !dry_run_enabled)
+    (dry_run_enabled || !policy.dry_run)
         && !policy.has_target_refs
         && matches!(policy.action, PolicyAction::Allow | PolicyAction::Deny)
 }
@@ -413,6 +416,7 @@ fn convert_condition(
 }
 
 /// What one `from[]`, `to[]` or `when[]` entry becomes.
+#[allow(clippy::large_enum_variant)] // short-lived, moved once into its Clause
 enum Entry {
     /// A Match to send (`{}` never matches at ztunnel).
     Match(Match),
@@ -520,7 +524,7 @@ impl<'a> EntryBuilder<'a> {
 }
 
 /// `*` -> presence; `*x` -> suffix; `x*` -> prefix; anything else -> exact.
-pub(crate) fn string_match(value: &str) -> StringMatch {
+pub(super) fn string_match(value: &str) -> StringMatch {
     let match_type = if value == "*" {
         MatchType::Presence(Empty {})
     } else if let Some(suffix) = value.strip_prefix('*') {
@@ -558,7 +562,7 @@ fn service_accounts(values: &[String], policy_namespace: &str) -> Vec<ServiceAcc
 
 /// A decimal port 0..=65535, as Go's `strconv.ParseUint(s, 10, 32)` plus the range check
 /// (no sign, no spaces; leading zeros allowed). Named ports are `None`.
-pub(crate) fn parse_port(value: &str) -> Option<u32> {
+pub(super) fn parse_port(value: &str) -> Option<u32> {
     if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -567,7 +571,7 @@ pub(crate) fn parse_port(value: &str) -> Option<u32> {
 }
 
 /// `a.b.c.d` / v6 -> full length; `addr/len` -> the address as written (not masked) and `len`.
-pub(crate) fn parse_address(value: &str) -> Option<Address> {
+pub(super) fn parse_address(value: &str) -> Option<Address> {
     let (ip, length) = parse_cidr(value)?;
     Some(Address {
         address: ip_bytes(&ip),
@@ -577,7 +581,7 @@ pub(crate) fn parse_address(value: &str) -> Option<Address> {
 
 /// Go's `netip.ParsePrefix` / `ParseAddr`: the prefix length is decimal with no sign or
 /// leading zero, at most the address's bit length.
-pub(crate) fn parse_cidr(value: &str) -> Option<(IpAddr, u32)> {
+pub(super) fn parse_cidr(value: &str) -> Option<(IpAddr, u32)> {
     match value.split_once('/') {
         Some((addr, bits)) => {
             let ip: IpAddr = addr.parse().ok()?;

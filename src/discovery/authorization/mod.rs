@@ -12,7 +12,11 @@
 mod convert;
 
 #[cfg(test)]
+mod conformance_tests;
+#[cfg(test)]
 mod property_tests;
+#[cfg(test)]
+mod test_support;
 #[cfg(test)]
 mod tests;
 

@@ -1,0 +1,215 @@
+//! The conformance fixture (`tests/fixtures/conformance.yaml`, a verbatim copy of
+//! `shared/conformance/cases.yaml`) as typed cases. The file's header documents the format;
+//! unknown keys are rejected here so that a format change cannot be silently ignored.
+
+use std::collections::BTreeMap;
+
+use ambientd::discovery::Settings;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// The fixture text, compiled in: the tests never read `../shared` (or anything else) at run time.
+pub const FIXTURE: &str = include_str!("../fixtures/conformance.yaml");
+
+/// The label on the system namespace that names the local network.
+const NETWORK_LABEL: &str = "topology.istio.io/network";
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Case {
+    pub name: String,
+    pub source: String,
+    #[serde(default)]
+    pub derived: bool,
+    #[serde(default)]
+    pub derived_from: Option<String>,
+    #[serde(default)]
+    pub note: Option<String>,
+    #[serde(default)]
+    pub settings: CaseSettings,
+    #[serde(default)]
+    pub input: Vec<Value>,
+    #[serde(default)]
+    pub steps: Vec<Step>,
+    #[serde(default)]
+    pub expect: Option<Expect>,
+}
+
+/// `settings`: only the keys that differ from the header's defaults.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaseSettings {
+    pub cluster_id: Option<String>,
+    pub trust_domain: Option<String>,
+    pub root_namespace: Option<String>,
+    pub system_namespace: Option<String>,
+    pub domain_suffix: Option<String>,
+    /// Informational: istiod reads it from the system namespace's network label (in `input`).
+    pub network: Option<String>,
+    pub revision: Option<String>,
+    pub mesh_config: Option<BTreeMap<String, Value>>,
+    pub features: Option<BTreeMap<String, Value>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Step {
+    pub desc: String,
+    #[serde(default)]
+    pub apply: Vec<Value>,
+    #[serde(default)]
+    pub delete: Vec<DeleteRef>,
+    #[serde(default)]
+    pub expect: Option<Expect>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteRef {
+    pub kind: String,
+    #[serde(default)]
+    pub namespace: String,
+    pub name: String,
+}
+
+/// `expect` (of the initial state or of one step). Maps are keyed as the header says.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Expect {
+    /// Workload uid -> fields.
+    #[serde(default)]
+    pub workloads: BTreeMap<String, Value>,
+    /// `ns/hostname` -> fields.
+    #[serde(default)]
+    pub services: BTreeMap<String, Value>,
+    /// `ns/name` -> fields.
+    #[serde(default)]
+    pub authorizations: BTreeMap<String, Value>,
+    #[serde(default)]
+    pub absent: Vec<String>,
+    #[serde(default)]
+    pub lookups: BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    pub lookup_workloads: BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    pub all_names: Option<Vec<String>>,
+    /// Not checked yet (ambientd writes no status): counted as unchecked.
+    #[serde(default)]
+    pub policy_status: BTreeMap<String, Value>,
+    /// Not checked yet (ambientd writes no status): counted as unchecked.
+    #[serde(default)]
+    pub service_status: BTreeMap<String, Value>,
+}
+
+impl Expect {
+    /// How many individual expectations this holds (for the fixture sanity check).
+    pub fn len(&self) -> usize {
+        self.workloads.len()
+            + self.services.len()
+            + self.authorizations.len()
+            + self.absent.len()
+            + self.lookups.len()
+            + self.lookup_workloads.len()
+            + usize::from(self.all_names.is_some())
+            + self.policy_status.len()
+            + self.service_status.len()
+    }
+}
+
+/// Parses the whole fixture: ONE YAML document that is a list of cases.
+pub fn load() -> Result<Vec<Case>, String> {
+    let mut documents = ambientd::kube::objects::parse_yaml(FIXTURE)?;
+    if documents.len() != 1 {
+        return Err(format!(
+            "expected one YAML document, found {}",
+            documents.len()
+        ));
+    }
+    let Value::Array(items) = documents.remove(0) else {
+        return Err("the fixture document is not a list of cases".into());
+    };
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let name = item
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or("<unnamed>")
+                .to_string();
+            serde_json::from_value::<Case>(item).map_err(|e| format!("case #{i} ({name}): {e}"))
+        })
+        .collect()
+}
+
+/// The index settings for a case, and notes on how they were chosen.
+///
+/// Defaults are the header's. `domain_suffix` becomes `Settings::domain`. ambientd has a single
+/// `system_namespace` that is both the namespace whose `topology.istio.io/network` label names the
+/// local network and the root namespace. When a case sets `root_namespace` different from
+/// `system_namespace`, the root namespace is used as ambientd's system namespace (root-namespace
+/// semantics: GLOBAL scope, the static strict policy's namespace) - unless the input carries the
+/// network label on the system namespace, in which case the network wins, the system namespace is
+/// kept, and a note says the root namespace could not be honoured. `revision`, `mesh_config` and
+/// `features` have no ambientd equivalent: a case setting them cannot run.
+pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
+    let s = &case.settings;
+    let mut notes = Vec::new();
+    if s.revision.as_deref().is_some_and(|r| !r.is_empty()) {
+        return Err(format!(
+            "settings.revision {:?} is not supported",
+            s.revision
+        ));
+    }
+    if s.mesh_config.as_ref().is_some_and(|m| !m.is_empty()) {
+        return Err("settings.mesh_config is not supported".into());
+    }
+    if s.features.as_ref().is_some_and(|f| !f.is_empty()) {
+        return Err("settings.features (non-default istiod flags) are not supported".into());
+    }
+    let system = s.system_namespace.clone().unwrap_or("istio-system".into());
+    // `network` is informational; it must agree with the label the index will read.
+    let network = s.network.clone().unwrap_or_default();
+    let label = network_label(&case.input, &system);
+    if label.unwrap_or_default() != network {
+        return Err(format!(
+            "fixture inconsistency: settings.network {network:?} but the input's {system:?} \
+             Namespace has network label {label:?}"
+        ));
+    }
+    let root = s.root_namespace.clone().unwrap_or("istio-system".into());
+    let system_namespace = if root == system {
+        system
+    } else if label.is_some() {
+        notes.push(format!(
+            "root_namespace {root:?} differs from system_namespace {system:?}, which carries the \
+             network label: kept {system:?} (root-namespace semantics use it too)"
+        ));
+        system
+    } else {
+        notes.push(format!(
+            "root_namespace {root:?} used as ambientd's system namespace (no network label on {system:?})"
+        ));
+        root
+    };
+    // Over the defaults, so that a field `Settings` gains later keeps its default here (and
+    // this keeps compiling): the update is needless only until then.
+    #[allow(clippy::needless_update)]
+    let settings = Settings {
+        cluster_id: s.cluster_id.clone().unwrap_or("Kubernetes".into()),
+        trust_domain: s.trust_domain.clone().unwrap_or("cluster.local".into()),
+        domain: s.domain_suffix.clone().unwrap_or("cluster.local".into()),
+        system_namespace,
+        ..Settings::default()
+    };
+    Ok((settings, notes))
+}
+
+/// The network label of Namespace `namespace` in the initial input, if it has one.
+fn network_label<'a>(input: &'a [Value], namespace: &str) -> Option<&'a str> {
+    input
+        .iter()
+        .filter(|o| o.get("kind").and_then(Value::as_str) == Some("Namespace"))
+        .filter(|o| o.pointer("/metadata/name").and_then(Value::as_str) == Some(namespace))
+        .find_map(|o| o.pointer("/metadata/labels")?.get(NETWORK_LABEL)?.as_str())
+}
