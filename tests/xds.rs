@@ -401,7 +401,19 @@ async fn serves_the_example_mesh() {
     let running = start(&dir).await;
     let mut client = XdsClient::connect(&running).await;
     client.subscribe_wildcard(BTreeMap::new()).await;
-    let (initial, _) = client.initial_sync().await;
+    let (initial, authorizations) = client.initial_sync().await;
+    // Static strict, the converted port-level policy, and three AuthorizationPolicies; the
+    // waypoint (targetRefs) policy is not sent.
+    assert_eq!(
+        names(&authorizations),
+        vec![
+            "bookinfo/allow-in-namespace",
+            "bookinfo/converted_peer_authentication_details-metrics",
+            "bookinfo/ratings-deny-admin",
+            "bookinfo/reviews-from-productpage",
+            "istio-system/istio_converted_static_strict",
+        ]
+    );
     let decoded = addresses(&initial);
     let is_workload = |a: &ambientd::pb::workload::Address| {
         matches!(
@@ -427,6 +439,18 @@ async fn serves_the_example_mesh() {
     );
     let external = service(&decoded["bookinfo/httpbin.org"]);
     assert_eq!(external.addresses[0].address.as_ref(), &[240, 240, 0, 1]);
+    let reviews_v1 = decoded
+        .iter()
+        .find(|(name, _)| name.starts_with("Kubernetes//Pod/bookinfo/reviews-v1"))
+        .map(|(_, a)| workload(a))
+        .unwrap();
+    assert_eq!(
+        reviews_v1.authorization_policies,
+        vec![
+            "bookinfo/reviews-from-productpage",
+            "istio-system/istio_converted_static_strict"
+        ]
+    );
     let vm = workload(&decoded["Kubernetes/networking.istio.io/WorkloadEntry/bookinfo/ratings-vm"]);
     let ratings = &vm.services["bookinfo/ratings.bookinfo.svc.cluster.local"];
     assert_eq!(
