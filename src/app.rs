@@ -12,10 +12,12 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
-use crate::config::Config;
+use crate::config::{Config, Source};
+use crate::debug::DebugState;
 use crate::discovery::{Index, Snapshot};
 use crate::kube::ManifestDir;
-use crate::push::{AdsServer, Snapshots, indexer};
+use crate::metrics::Metrics;
+use crate::push::{AdsServer, Registry, Snapshots, indexer};
 
 /// Source events queued before the source waits for the index.
 const EVENT_BUFFER: usize = 1024;
@@ -23,8 +25,13 @@ const EVENT_BUFFER: usize = 1024;
 /// A running ambientd: its bound addresses, its snapshots, and the means to stop it.
 pub struct Running {
     pub xds_address: SocketAddr,
+    /// The TLS listener (delta xDS and the CA), when the CA is configured.
+    pub xds_tls_address: Option<SocketAddr>,
     pub debug_address: SocketAddr,
     pub snapshots: Snapshots,
+    pub metrics: Arc<Metrics>,
+    /// Connected proxies.
+    pub registry: Arc<Registry>,
     shutdown: CancellationToken,
     tasks: JoinSet<anyhow::Result<()>>,
 }
@@ -56,7 +63,7 @@ impl Running {
 /// Binds the listeners and starts everything. Returns once listening; readiness follows when
 /// the first snapshot is built.
 pub async fn start(config: Config) -> anyhow::Result<Running> {
-    let dir = ManifestDir::open(&config.manifests)?;
+    let source = OpenedSource::open(&config.source).await?;
     let xds_listener = TcpListener::bind(config.xds_address)
         .await
         .with_context(|| format!("binding --xds-address {}", config.xds_address))?;
@@ -70,22 +77,45 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let (events_tx, events_rx) = mpsc::channel(EVENT_BUFFER);
     let (publish, snapshots) = watch::channel::<Option<Arc<Snapshot>>>(None);
     let mut tasks = JoinSet::new();
+    let metrics = Arc::new(Metrics::new());
+    let registry = Arc::new(Registry::default());
+
+    let xds_tls_address = match &config.ca {
+        Some(ca) => {
+            let pods = Arc::new(crate::ca::SnapshotPods::new(snapshots.clone()));
+            let ads =
+                AdsServer::new(snapshots.clone(), registry.clone(), metrics.clone()).into_service();
+            let server =
+                crate::ca::start(ca, &config.settings, ads, pods, shutdown.clone()).await?;
+            let address = server.address;
+            tasks.spawn(async move { server.serve().await.context("CA and xDS TLS server") });
+            Some(address)
+        }
+        None => None,
+    };
 
     let index = Index::new(config.settings.clone());
+    let index_metrics = metrics.clone();
     let stop = shutdown.clone();
     tasks.spawn(async move {
-        indexer::run(index, events_rx, publish, stop).await;
+        indexer::run(index, events_rx, publish, index_metrics, stop).await;
         Ok(())
     });
 
+    if let OpenedSource::Cluster(cluster) = &source {
+        let metrics = metrics.clone();
+        cluster.health().on_error(move |_| {
+            metrics.source_restarts.inc();
+        });
+    }
+    let source_name = match &config.source {
+        Source::Manifests(dir) => format!("manifests {}", dir.display()),
+        Source::Cluster(_) => "kubernetes".to_string(),
+    };
     let stop = shutdown.clone();
-    tasks.spawn(async move {
-        crate::kube::manifests::run(dir, events_tx, stop)
-            .await
-            .context("manifests source")
-    });
+    tasks.spawn(source.run(events_tx, stop));
 
-    let ads = AdsServer::new(snapshots.clone()).into_service();
+    let ads = AdsServer::new(snapshots.clone(), registry.clone(), metrics.clone()).into_service();
     let stop = shutdown.clone();
     tasks.spawn(async move {
         tonic::transport::Server::builder()
@@ -98,20 +128,32 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             .context("xDS server")
     });
 
-    let router = crate::debug::router(snapshots.clone());
+    let router = crate::debug::router(DebugState {
+        snapshots: snapshots.clone(),
+        registry: registry.clone(),
+        metrics: metrics.clone(),
+        settings: config.settings.clone(),
+        log_filter: config.log_filter.clone(),
+    });
     let stop = shutdown.clone();
     tasks.spawn(async move {
-        axum::serve(debug_listener, router)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await
-            .context("debug server")
+        axum::serve(
+            debug_listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .await
+        .context("debug server")
     });
 
-    info!(%xds_address, %debug_address, manifests = %config.manifests.display(), "ambientd listening");
+    info!(%xds_address, %debug_address, source = %source_name, "ambientd listening");
     Ok(Running {
         xds_address,
+        xds_tls_address,
         debug_address,
         snapshots,
+        metrics,
+        registry,
         shutdown,
         tasks,
     })
@@ -147,4 +189,39 @@ async fn shutdown_signal() {
         _ = term => {},
     }
     info!("shutting down");
+}
+
+/// The source, opened: a readable manifests directory, or a Kubernetes client.
+enum OpenedSource {
+    Manifests(ManifestDir),
+    Cluster(crate::kube::cluster::ClusterSource),
+}
+
+impl OpenedSource {
+    async fn open(source: &Source) -> anyhow::Result<Self> {
+        Ok(match source {
+            Source::Manifests(dir) => OpenedSource::Manifests(ManifestDir::open(dir)?),
+            Source::Cluster(cluster) => OpenedSource::Cluster(
+                crate::kube::cluster::ClusterSource::connect(cluster.clone())
+                    .await
+                    .context("Kubernetes source")?,
+            ),
+        })
+    }
+
+    async fn run(
+        self,
+        events: mpsc::Sender<crate::discovery::Event>,
+        stop: CancellationToken,
+    ) -> anyhow::Result<()> {
+        match self {
+            OpenedSource::Manifests(dir) => crate::kube::manifests::run(dir, events, stop)
+                .await
+                .context("manifests source"),
+            OpenedSource::Cluster(cluster) => {
+                cluster.run(events, stop).await;
+                Ok(())
+            }
+        }
+    }
 }

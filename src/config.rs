@@ -21,14 +21,59 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the mesh described by a manifests directory over delta xDS.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
+    /// Mint a service-account token (projected-token shape) that `serve` trusts, for a local
+    /// ztunnel's AUTH_TOKEN.
+    Token(crate::ca::token::TokenArgs),
 }
 
 #[derive(Clone, Debug, Args)]
 pub struct ServeArgs {
     /// Directory of Kubernetes YAML/JSON manifests to serve, followed as it changes.
+    /// Without it, ambientd watches the Kubernetes cluster (see --kubeconfig).
     #[arg(long, env = "AMBIENTD_MANIFESTS", value_name = "DIR")]
     pub manifests: Option<PathBuf>,
+
+    /// kubeconfig of the cluster to watch. Without it: KUBECONFIG, ~/.kube/config, then the
+    /// in-cluster service account.
+    #[arg(
+        long,
+        env = "AMBIENTD_KUBECONFIG",
+        value_name = "FILE",
+        conflicts_with = "manifests"
+    )]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// kubeconfig context (default: the current context).
+    #[arg(
+        long,
+        env = "AMBIENTD_KUBE_CONTEXT",
+        value_name = "NAME",
+        conflicts_with = "manifests"
+    )]
+    pub kube_context: Option<String>,
+
+    /// Mesh discoverySelectors: read only namespaces whose labels match one of these
+    /// selectors (kubectl syntax: `istio-discovery=enabled,env in (prod)`). Repeat the flag,
+    /// or separate with `;`, for several (ORed).
+    #[arg(
+        long,
+        env = "AMBIENTD_DISCOVERY_SELECTORS",
+        value_name = "SELECTOR",
+        value_delimiter = ';',
+        value_parser = label_selector,
+        conflicts_with_all = ["manifests", "mesh_config"]
+    )]
+    pub discovery_selectors: Vec<crate::kube::cluster::LabelSelector>,
+
+    /// Mesh config file (istiod's `mesh`); its `discoverySelectors` are applied.
+    #[arg(
+        long,
+        env = "AMBIENTD_MESH_CONFIG",
+        value_name = "FILE",
+        conflicts_with = "manifests"
+    )]
+    pub mesh_config: Option<PathBuf>,
 
     /// Plaintext delta xDS listener (unauthenticated: for trusted networks only).
     #[arg(
@@ -72,6 +117,13 @@ pub struct ServeArgs {
     /// Log filter: a level (info, debug, ...) or a tracing directive list (ambientd=debug,info).
     #[arg(long, env = "AMBIENTD_LOG_LEVEL", default_value = "info", value_parser = log_filter)]
     pub log_level: String,
+
+    #[command(flatten)]
+    pub ca: crate::ca::CaArgs,
+}
+
+fn label_selector(value: &str) -> Result<crate::kube::cluster::LabelSelector, String> {
+    value.parse()
 }
 
 fn non_empty(value: &str) -> Result<String, String> {
@@ -106,13 +158,26 @@ fn log_filter(value: &str) -> Result<String, String> {
         .map_err(|e| format!("not a log level or filter: {e}"))
 }
 
+/// Where the mesh is read from.
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// A manifests directory, followed as it changes.
+    Manifests(PathBuf),
+    /// A Kubernetes cluster, watched.
+    Cluster(crate::kube::cluster::ClusterConfig),
+}
+
 /// Everything `app::start` needs, validated.
 #[derive(Clone, Debug)]
 pub struct Config {
-    pub manifests: PathBuf,
+    pub source: Source,
     pub xds_address: SocketAddr,
     pub debug_address: SocketAddr,
     pub settings: Settings,
+    /// The CA and the TLS listener (15012); `None` serves plaintext xDS only.
+    pub ca: Option<crate::ca::CaConfig>,
+    /// Changes the log filter at runtime (`/logging`); `None` when logging is not ours.
+    pub log_filter: Option<crate::debug::LogControl>,
 }
 
 impl Config {
@@ -120,23 +185,58 @@ impl Config {
     /// `127.0.0.1:0`: what tests and embedders start from.
     pub fn local(dir: impl Into<PathBuf>) -> Self {
         Config {
-            manifests: dir.into(),
+            source: Source::Manifests(dir.into()),
             xds_address: ([127, 0, 0, 1], 0).into(),
             debug_address: ([127, 0, 0, 1], 0).into(),
             settings: Settings::default(),
+            ca: None,
+            log_filter: None,
         }
     }
+}
+
+impl Config {
+    /// Like [`Config::local`], over a cluster.
+    pub fn cluster(cluster: crate::kube::cluster::ClusterConfig) -> Self {
+        Config {
+            source: Source::Cluster(cluster),
+            ..Config::local("")
+        }
+    }
+}
+
+/// The cluster source's config from its flags.
+fn cluster_source(args: &ServeArgs) -> Result<crate::kube::cluster::ClusterConfig, String> {
+    use crate::kube::cluster::{ClusterConfig, DiscoverySelectors};
+    let discovery_selectors = match &args.mesh_config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("--mesh-config {}: {e}", path.display()))?;
+            DiscoverySelectors::from_mesh_config(&text)
+                .map_err(|e| format!("--mesh-config {}: {e}", path.display()))?
+        }
+        None => DiscoverySelectors(args.discovery_selectors.clone()),
+    };
+    Ok(ClusterConfig {
+        kubeconfig: args.kubeconfig.clone(),
+        context: args.kube_context.clone(),
+        discovery_selectors,
+        ..ClusterConfig::default()
+    })
 }
 
 impl TryFrom<ServeArgs> for Config {
     type Error = String;
 
     fn try_from(args: ServeArgs) -> Result<Self, String> {
-        let manifests = args.manifests.ok_or_else(|| {
-            "--manifests DIR is required: the Kubernetes source is not available yet".to_string()
-        })?;
+        let source = match &args.manifests {
+            Some(dir) => Source::Manifests(dir.clone()),
+            None => Source::Cluster(cluster_source(&args)?),
+        };
+        let ca = Some(args.ca.into_config()?);
         Ok(Config {
-            manifests,
+            source,
+            ca,
             xds_address: args.xds_address,
             debug_address: args.debug_address,
             settings: Settings {
@@ -146,6 +246,7 @@ impl TryFrom<ServeArgs> for Config {
                 system_namespace: args.system_namespace,
                 revision: args.revision,
             },
+            log_filter: None,
         })
     }
 }
@@ -160,7 +261,8 @@ mod tests {
         argv.extend_from_slice(args);
         Cli::try_parse_from(argv)
             .map(|cli| match cli.command {
-                Command::Serve(args) => args,
+                Command::Serve(args) => *args,
+                Command::Token(_) => panic!("not serve"),
             })
             .map_err(|e| e.to_string())
     }
@@ -191,8 +293,26 @@ mod tests {
     }
 
     #[test]
-    fn missing_manifests_is_a_clear_error() {
-        let error = Config::try_from(parse(&[]).unwrap()).unwrap_err();
-        assert!(error.contains("--manifests"), "{error}");
+    fn without_manifests_the_cluster_is_the_source() {
+        let config = Config::try_from(
+            parse(&[
+                "--kubeconfig",
+                "/k",
+                "--discovery-selectors",
+                "istio-discovery=enabled,env in (prod);team",
+            ])
+            .unwrap(),
+        )
+        .unwrap();
+        let Source::Cluster(cluster) = config.source else {
+            panic!("not the cluster source")
+        };
+        assert_eq!(cluster.kubeconfig, Some(PathBuf::from("/k")));
+        assert_eq!(cluster.discovery_selectors.0.len(), 2);
+
+        let error = parse(&["--discovery-selectors", "env in (prod"]).unwrap_err();
+        assert!(error.contains("--discovery-selectors"), "{error}");
+        let error = parse(&["--manifests", "x", "--kubeconfig", "/k"]).unwrap_err();
+        assert!(error.contains("--kubeconfig"), "{error}");
     }
 }

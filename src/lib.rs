@@ -12,5 +12,6 @@ pub mod config;
 pub mod debug;
 pub mod discovery;
 pub mod kube;
+pub mod metrics;
 pub mod pb;
 pub mod push;

@@ -699,6 +699,8 @@ fn endpoint_slice_target_ref_adds_its_service_to_exactly_that_pod() {
 
 #[test]
 fn cross_namespace_target_ref_does_not_detach_a_pod_from_its_own_slice() {
+    // Regression: the pod -> slices index once held bare slice names, so deleting (or
+    // updating) `other/s` also dropped `demo/s`'s claim on the pod, unlike a cold build.
     // Two slices named `s`: one in the pod's namespace, one elsewhere, both naming the pod.
     let mut p = pod(NS, "p", "10.0.0.1");
     p.uid = "u-p".into();
@@ -713,11 +715,12 @@ fn cross_namespace_target_ref_does_not_detach_a_pod_from_its_own_slice() {
         Object::EndpointSlice(own),
         Object::EndpointSlice(foreign),
     ]);
+    let services = world.workload(&uid(NS, "p")).services;
+    assert!(services.contains_key(&skey(NS, "ext")), "{services:?}");
+    // Only slices of the pod's own namespace attach it.
     assert!(
-        world
-            .workload(&uid(NS, "p"))
-            .services
-            .contains_key(&skey(NS, "ext"))
+        !services.contains_key(&skey("other", "ext")),
+        "{services:?}"
     );
     // Deleting the foreign slice must leave the pod in `demo/ext`, as a cold build does.
     let changes = world.delete(ObjectRef::new(Kind::EndpointSlice, "other", "s"));

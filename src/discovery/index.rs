@@ -7,16 +7,20 @@
 //! exactly the objects that looked it up. A relist ([`Index::reset`]) is the truth: objects
 //! missing from it are deleted, whatever deletes were missed.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::BTreeSet;
+
+use foldhash::{HashMap, HashMapExt, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::discovery::authorization::{PolicyStatus, REVISION_LABEL};
 use crate::discovery::model::{Event, Kind, Object, ObjectRef, selects};
 use crate::discovery::names::{
-    ADDRESS_TYPE, AUTHORIZATION_TYPE, TypeKind, network_address_key, service_key,
+    ADDRESS_TYPE, AUTHORIZATION_TYPE, TypeKind, network_address_key, pod_uid, service_key,
 };
-use crate::discovery::snapshot::{Changes, HISTORY, Resource, ResourceMap, Snapshot};
+use crate::discovery::snapshot::{
+    Changes, HISTORY, PersistentMap, Resource, ResourceMap, Snapshot,
+};
 use crate::discovery::store::{Key, ServiceRef, Store, slice_pods};
 use crate::discovery::waypoint::Waypoint;
 use crate::discovery::{endpoint_slice, entry, policies, service, service_entry, workload};
@@ -84,20 +88,22 @@ pub struct Index {
     store: Store,
     addresses: ResourceMap,
     authorizations: ResourceMap,
-    aliases: imbl::HashMap<String, imbl::OrdSet<String>>,
-    members: imbl::HashMap<String, imbl::OrdSet<String>>,
+    aliases: PersistentMap<String, imbl::OrdSet<String>>,
+    members: PersistentMap<String, imbl::OrdSet<String>>,
     /// Resource names each target produced last time.
     produced: HashMap<Target, BTreeSet<(TypeKind, String)>>,
     /// The target that produced each resource name.
     owners: HashMap<(TypeKind, String), Target>,
     /// `ZtunnelAccepted` status of each AuthorizationPolicy, by `ns/name`.
-    policy_status: imbl::HashMap<String, PolicyStatus>,
+    policy_status: PersistentMap<String, PolicyStatus>,
     /// Waypoint -> targets that looked it up, and the reverse.
     waypoint_readers: HashMap<Key, HashSet<Target>>,
     target_reads: HashMap<Target, Vec<Key>>,
     generation: u64,
     history: imbl::Vector<(u64, Arc<Changes>)>,
     unpublished: Changes,
+    service_count: usize,
+    pod_uids: PersistentMap<String, String>,
 }
 
 impl Index {
@@ -107,16 +113,18 @@ impl Index {
             store: Store::default(),
             addresses: ResourceMap::default(),
             authorizations: ResourceMap::default(),
-            aliases: imbl::HashMap::default(),
-            members: imbl::HashMap::default(),
+            aliases: PersistentMap::default(),
+            members: PersistentMap::default(),
             produced: HashMap::new(),
             owners: HashMap::new(),
-            policy_status: imbl::HashMap::default(),
+            policy_status: PersistentMap::default(),
             waypoint_readers: HashMap::new(),
             target_reads: HashMap::new(),
             generation: 0,
             history: imbl::Vector::new(),
             unpublished: Changes::default(),
+            service_count: 0,
+            pod_uids: PersistentMap::default(),
         }
     }
 
@@ -154,6 +162,14 @@ impl Index {
             self.dependants(&old, &mut targets);
         }
         let network_before = self.store.network(&self.settings).to_string();
+        if let Object::Pod(pod) = &object {
+            let name = pod_uid(&self.settings.cluster_id, &pod.namespace, &pod.name);
+            if pod.uid.is_empty() {
+                self.pod_uids.remove(&name);
+            } else if self.pod_uids.get(&name) != Some(&pod.uid) {
+                self.pod_uids.insert(name, pod.uid.clone());
+            }
+        }
         self.store.insert(object.clone(), &self.settings);
         self.dependants(&object, &mut targets);
         self.after_change(&reference, &network_before, &mut targets);
@@ -168,6 +184,14 @@ impl Index {
         let mut targets = BTreeSet::new();
         self.dependants(&old, &mut targets);
         let network_before = self.store.network(&self.settings).to_string();
+        if reference.kind == Kind::Pod {
+            let name = pod_uid(
+                &self.settings.cluster_id,
+                &reference.namespace,
+                &reference.name,
+            );
+            self.pod_uids.remove(&name);
+        }
         self.store.remove(reference, &self.settings);
         self.dependants(&old, &mut targets);
         self.after_change(reference, &network_before, &mut targets);
@@ -176,13 +200,17 @@ impl Index {
 
     /// Replaces every object of `kind` with `objects`: the relist is the truth.
     pub fn reset(&mut self, kind: Kind, objects: Vec<Object>) -> Changes {
-        let keep: BTreeSet<ObjectRef> = objects.iter().map(Object::object_ref).collect();
-        let stale: Vec<ObjectRef> = self
-            .store
-            .refs(kind)
-            .into_iter()
-            .filter(|r| !keep.contains(r))
-            .collect();
+        let stale: Vec<ObjectRef> = if self.store.count(kind) == 0 {
+            Vec::new()
+        } else {
+            let keep: std::collections::HashSet<ObjectRef> =
+                objects.iter().map(Object::object_ref).collect();
+            self.store
+                .refs(kind)
+                .into_iter()
+                .filter(|r| !keep.contains(r))
+                .collect()
+        };
         let mut changes = Changes::default();
         for object in &stale {
             changes.merge(&self.delete(object));
@@ -209,7 +237,14 @@ impl Index {
             members: self.members.clone(),
             history: self.history.clone(),
             policy_status: self.policy_status.clone(),
+            pod_uids: self.pod_uids.clone(),
+            published_at: None,
         })
+    }
+
+    /// How many Service resources (Kubernetes Services and ServiceEntry hosts) are served.
+    pub fn service_count(&self) -> usize {
+        self.service_count
     }
 
     /// Whether there are changes not yet published.
@@ -718,6 +753,7 @@ impl Index {
             return;
         }
         if let Some(old) = &old {
+            self.service_count -= usize::from(old.is_service);
             for alias in &old.aliases {
                 remove_from(&mut self.aliases, alias, name);
             }
@@ -728,6 +764,7 @@ impl Index {
         let changes = changes.of_mut(TypeKind::Address);
         match new {
             Some(new) => {
+                self.service_count += usize::from(new.is_service);
                 for alias in &new.aliases {
                     self.aliases
                         .entry(alias.clone())
@@ -792,7 +829,7 @@ fn service_resource(s: wl::Service) -> Resource {
     Resource::encode(ADDRESS_TYPE, name, aliases, true, Vec::new(), &message)
 }
 
-fn remove_from(map: &mut imbl::HashMap<String, imbl::OrdSet<String>>, key: &str, name: &str) {
+fn remove_from(map: &mut PersistentMap<String, imbl::OrdSet<String>>, key: &str, name: &str) {
     if let Some(set) = map.get_mut(key) {
         set.remove(name);
         if set.is_empty() {

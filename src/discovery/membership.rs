@@ -52,24 +52,34 @@ pub fn services_map(
     member: Member<'_>,
 ) -> BTreeMap<String, PortList> {
     let mut map = BTreeMap::new();
-    for svc in store.services_in(namespace) {
-        if svc.external_name || !selects(&svc.selector, member.labels()) {
-            continue;
-        }
-        if let Some((key, ports)) = kube_entry(settings, store, svc, member) {
-            map.insert(key, ports);
-        }
-    }
-    for se in store.service_entries_in(namespace) {
-        let Some(selector) = &se.workload_selector else {
-            continue;
-        };
-        if !selects(selector, member.labels()) {
-            continue;
-        }
-        for host in &se.hosts {
-            if wins(store, se, host) {
-                map.insert(service_key(namespace, host), entry_ports(se, member));
+    for candidate in store.selecting(namespace, member.labels()) {
+        match candidate {
+            ServiceRef::Kube(key) => {
+                let Some(svc) = store.services.get(key) else {
+                    continue;
+                };
+                if svc.external_name || !selects(&svc.selector, member.labels()) {
+                    continue;
+                }
+                if let Some((key, ports)) = kube_entry(settings, store, svc, member) {
+                    map.insert(key, ports);
+                }
+            }
+            ServiceRef::Entry(key) => {
+                let Some(se) = store.service_entries.get(key) else {
+                    continue;
+                };
+                let Some(selector) = &se.workload_selector else {
+                    continue;
+                };
+                if !selects(selector, member.labels()) {
+                    continue;
+                }
+                for host in &se.hosts {
+                    if wins(store, se, host) {
+                        map.insert(service_key(namespace, host), entry_ports(se, member));
+                    }
+                }
             }
         }
     }

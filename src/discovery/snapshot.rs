@@ -128,8 +128,12 @@ impl Changes {
     }
 }
 
+/// A persistent hash map (cheap to clone, O(log n) to change) with a fast, seeded hasher.
+pub type PersistentMap<K, V> =
+    imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
+
 /// Resources of one type by name.
-pub type ResourceMap = imbl::HashMap<String, Arc<Resource>>;
+pub type ResourceMap = PersistentMap<String, Arc<Resource>>;
 
 /// How many recent `Changes` a snapshot remembers, so a connection that skipped a few snapshots
 /// can still catch up by names instead of a full diff.
@@ -143,13 +147,18 @@ pub struct Snapshot {
     pub addresses: ResourceMap,
     pub authorizations: ResourceMap,
     /// `network/ip` -> names of Address resources with that address (workloads and services).
-    pub aliases: imbl::HashMap<String, imbl::OrdSet<String>>,
+    pub aliases: PersistentMap<String, imbl::OrdSet<String>>,
     /// Service name (`ns/hostname`) -> uids of workloads whose services map holds it.
-    pub members: imbl::HashMap<String, imbl::OrdSet<String>>,
+    pub members: PersistentMap<String, imbl::OrdSet<String>>,
     /// `(generation, changes that produced it)`, oldest first, at most [`HISTORY`] entries.
     pub history: imbl::Vector<(u64, Arc<Changes>)>,
     /// The `ZtunnelAccepted` condition of each AuthorizationPolicy, by `ns/name`.
-    pub policy_status: imbl::HashMap<String, PolicyStatus>,
+    pub policy_status: PersistentMap<String, PolicyStatus>,
+    /// Kubernetes `metadata.uid` of each pod, by its workload uid (`<cluster>//Pod/<ns>/<name>`):
+    /// the CA checks a token's pod binding against it.
+    pub pod_uids: PersistentMap<String, String>,
+    /// When the publisher handed it out (set by the publishing task, for convergence metrics).
+    pub published_at: Option<std::time::Instant>,
 }
 
 impl Snapshot {

@@ -4,7 +4,9 @@
 //! workload, which object wins a hostname, which waypoint a name refers to). It never builds
 //! resources; the index does that.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use foldhash::HashMap;
 
 use crate::discovery::index::Settings;
 use crate::discovery::model::{
@@ -63,6 +65,10 @@ pub struct Store {
     pub slices_by_pod: HashMap<Key, BTreeSet<Key>>,
     /// Hostname -> `(namespace, object)` claiming it.
     pub hostnames: HashMap<String, BTreeSet<(String, ServiceRef)>>,
+    /// namespace -> label key -> value -> Services and ServiceEntries whose selector's first
+    /// entry is that label: a workload finds the few candidates that may select it by its own
+    /// labels instead of scanning every service in its namespace.
+    selectors: HashMap<String, HashMap<String, HashMap<String, BTreeSet<ServiceRef>>>>,
 }
 
 fn key(namespace: &str, name: &str) -> Key {
@@ -142,6 +148,61 @@ impl Store {
             .into_iter()
             .flat_map(|m| m.peer_authentications.iter())
             .filter_map(move |name| self.peer_authentications.get(&key(namespace, name)))
+    }
+
+    /// Services and ServiceEntries of `namespace` whose selector may match `labels` (their
+    /// first selector entry does); callers check the whole selector.
+    pub fn selecting(&self, namespace: &str, labels: &Labels) -> BTreeSet<&ServiceRef> {
+        let Some(by_key) = self.selectors.get(namespace) else {
+            return BTreeSet::new();
+        };
+        labels
+            .iter()
+            .filter_map(|(k, v)| by_key.get(k)?.get(v))
+            .flatten()
+            .collect()
+    }
+
+    fn index_selector(&mut self, namespace: &str, selector: Option<&Labels>, service: ServiceRef) {
+        let Some((k, v)) = selector.and_then(|s| s.iter().next()) else {
+            return;
+        };
+        self.selectors
+            .entry(namespace.to_string())
+            .or_default()
+            .entry(k.clone())
+            .or_default()
+            .entry(v.clone())
+            .or_default()
+            .insert(service);
+    }
+
+    fn unindex_selector(
+        &mut self,
+        namespace: &str,
+        selector: Option<&Labels>,
+        service: &ServiceRef,
+    ) {
+        let Some((k, v)) = selector.and_then(|s| s.iter().next()) else {
+            return;
+        };
+        let Some(by_key) = self.selectors.get_mut(namespace) else {
+            return;
+        };
+        if let Some(by_value) = by_key.get_mut(k) {
+            if let Some(set) = by_value.get_mut(v) {
+                set.remove(service);
+                if set.is_empty() {
+                    by_value.remove(v);
+                }
+            }
+            if by_value.is_empty() {
+                by_key.remove(k);
+            }
+        }
+        if by_key.is_empty() {
+            self.selectors.remove(namespace);
+        }
     }
 
     /// The hostnames a service-publishing object claims.
@@ -237,6 +298,7 @@ impl Store {
             Object::Service(s) => {
                 self.member_mut(&k.0).services.insert(k.1.clone());
                 let service = ServiceRef::Kube(k.clone());
+                self.index_selector(&k.0, Some(&s.selector), service.clone());
                 self.services.insert(k.clone(), s);
                 for host in self.claimed_hostnames(&service, settings) {
                     self.hostnames
@@ -247,6 +309,11 @@ impl Store {
             }
             Object::ServiceEntry(se) => {
                 self.member_mut(&k.0).service_entries.insert(k.1.clone());
+                self.index_selector(
+                    &k.0,
+                    se.workload_selector.as_ref(),
+                    ServiceRef::Entry(k.clone()),
+                );
                 for host in &se.hosts {
                     self.hostnames
                         .entry(host.clone())
@@ -314,6 +381,7 @@ impl Store {
                 let hosts = self.claimed_hostnames(&service, settings);
                 let svc = self.services.remove(&k)?;
                 self.member_mut(&k.0).services.remove(&k.1);
+                self.unindex_selector(&k.0, Some(&svc.selector), &service);
                 for host in hosts {
                     self.unclaim(&host, &k.0, &service);
                 }
@@ -323,6 +391,7 @@ impl Store {
                 let se = self.service_entries.remove(&k)?;
                 self.member_mut(&k.0).service_entries.remove(&k.1);
                 let service = ServiceRef::Entry(k.clone());
+                self.unindex_selector(&k.0, se.workload_selector.as_ref(), &service);
                 for host in &se.hosts {
                     self.unclaim(host, &k.0, &service);
                 }
@@ -393,6 +462,24 @@ impl Store {
             Object::EndpointSlice(o) => self.slices.get(&k) == Some(o),
             Object::AuthorizationPolicy(o) => self.policies.get(&k) == Some(o),
             Object::PeerAuthentication(o) => self.peer_authentications.get(&k) == Some(o),
+        }
+    }
+
+    /// How many objects of one kind are stored.
+    pub fn count(&self, kind: crate::discovery::model::Kind) -> usize {
+        use crate::discovery::model::Kind;
+        match kind {
+            Kind::Namespace => self.namespaces.len(),
+            Kind::Node => self.nodes.len(),
+            Kind::GatewayClass => self.gateway_classes.len(),
+            Kind::Gateway => self.gateways.len(),
+            Kind::Pod => self.pods.len(),
+            Kind::Service => self.services.len(),
+            Kind::ServiceEntry => self.service_entries.len(),
+            Kind::WorkloadEntry => self.workload_entries.len(),
+            Kind::EndpointSlice => self.slices.len(),
+            Kind::AuthorizationPolicy => self.policies.len(),
+            Kind::PeerAuthentication => self.peer_authentications.len(),
         }
     }
 

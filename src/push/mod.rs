@@ -5,8 +5,10 @@
 //! [`subscription`]; [`server`] only moves bytes between them and the stream.
 
 pub mod indexer;
+pub mod registry;
 pub mod server;
 pub mod subscription;
 
 pub use indexer::Snapshots;
+pub use registry::Registry;
 pub use server::AdsServer;

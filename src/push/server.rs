@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Instant, SystemTime};
 
 use futures::Stream;
 use tokio::sync::mpsc;
@@ -18,6 +19,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::discovery::Snapshot;
 use crate::discovery::names::TypeKind;
+use crate::metrics::{Metrics, TypeLabel, VersionLabel};
 use crate::pb::google::protobuf::value::Kind as ValueKind;
 use crate::pb::xds::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
@@ -26,6 +28,7 @@ use crate::pb::xds::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Node,
 };
 use crate::push::indexer::Snapshots;
+use crate::push::registry::{ClientView, Handle, Registry, TypeStatus};
 use crate::push::subscription::{Delta, RequestKind, TypeState, classify};
 
 /// Responses buffered per stream before the connection waits for the client to read.
@@ -36,13 +39,17 @@ const OUTBOUND_BUFFER: usize = 4;
 pub struct AdsServer {
     snapshots: Snapshots,
     next_id: Arc<AtomicU64>,
+    registry: Arc<Registry>,
+    metrics: Arc<Metrics>,
 }
 
 impl AdsServer {
-    pub fn new(snapshots: Snapshots) -> Self {
+    pub fn new(snapshots: Snapshots, registry: Arc<Registry>, metrics: Arc<Metrics>) -> Self {
         AdsServer {
             snapshots,
             next_id: Arc::new(AtomicU64::new(1)),
+            registry,
+            metrics,
         }
     }
 
@@ -86,6 +93,8 @@ impl AggregatedDiscoveryService for AdsServer {
             types: BTreeMap::new(),
             proxy: None,
             sent: 0,
+            status: self.registry.register(id, peer.clone()),
+            metrics: self.metrics.clone(),
         };
         let span = info_span!("xds", id, peer);
         tokio::spawn(connection.run(request.into_inner()).instrument(span));
@@ -100,6 +109,10 @@ pub struct ProxyInfo {
     pub name: String,
     pub namespace: String,
     pub node_name: String,
+    /// Metadata `CLUSTER_ID` (present when ztunnel sets `ISTIO_META_CLUSTER_ID`).
+    pub cluster_id: String,
+    /// Metadata `ISTIO_VERSION`, when sent.
+    pub version: String,
 }
 
 impl ProxyInfo {
@@ -119,6 +132,8 @@ impl ProxyInfo {
             name: meta("NAME"),
             namespace: meta("NAMESPACE"),
             node_name: meta("NODE_NAME"),
+            cluster_id: meta("CLUSTER_ID"),
+            version: meta("ISTIO_VERSION"),
         }
     }
 }
@@ -139,6 +154,9 @@ struct Connection {
     types: BTreeMap<TypeKind, TypeState>,
     proxy: Option<ProxyInfo>,
     sent: u64,
+    /// This connection's entry in the registry (removed when the task ends).
+    status: Handle,
+    metrics: Arc<Metrics>,
 }
 
 impl Connection {
@@ -146,6 +164,10 @@ impl Connection {
         let Some(mut snapshot) = self.wait_ready().await else {
             return;
         };
+        let version = VersionLabel {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        };
+        self.metrics.xds_clients.get_or_create(&version).inc();
         let end = loop {
             tokio::select! {
                 message = inbound.message() => match message {
@@ -174,6 +196,7 @@ impl Connection {
                 }
             }
         };
+        self.metrics.xds_clients.get_or_create(&version).dec();
         let proxy = self.proxy.as_ref().map(|p| p.id.as_str()).unwrap_or("");
         match end {
             End::Closed => info!(proxy, "proxy disconnected"),
@@ -205,6 +228,12 @@ impl Connection {
                 namespace = proxy.namespace,
                 "proxy connected"
             );
+            let connection_id = format!("{}.{}-{}", proxy.name, proxy.namespace, self.id);
+            let info = proxy.clone();
+            self.status.update(|s| {
+                s.connection_id = connection_id;
+                s.proxy = Some(info);
+            });
             self.proxy = Some(proxy);
         }
         let last_nonce = TypeKind::from_type_url(&request.type_url)
@@ -234,15 +263,36 @@ impl Connection {
             }
             RequestKind::Ack(kind) => {
                 debug!(%kind, nonce = request.response_nonce, "ack");
+                let nonce = request.response_nonce.clone();
+                self.status.update(|s| {
+                    if let Some(t) = s.types.get_mut(&kind) {
+                        t.acked_nonce = nonce;
+                        t.acked_at = Some(SystemTime::now());
+                        t.last_error = None;
+                    }
+                });
                 self.subscribe(kind, snapshot, &request).await
             }
             RequestKind::Stale(kind) => {
                 debug!(%kind, nonce = request.response_nonce, "stale nonce ignored");
+                self.metrics
+                    .expired_nonce
+                    .get_or_create(&TypeLabel::of(kind))
+                    .inc();
                 Ok(())
             }
             RequestKind::Nack { kind, message } => {
                 let proxy = self.proxy.as_ref().map(|p| p.id.as_str()).unwrap_or("");
                 warn!(proxy, %kind, nonce = request.response_nonce, error = message, "proxy rejected resources (NACK); not re-sending them");
+                self.metrics
+                    .rejects
+                    .get_or_create(&TypeLabel::of(kind))
+                    .inc();
+                self.status.update(|s| {
+                    if let Some(t) = s.types.get_mut(&kind) {
+                        t.last_error = Some(message);
+                    }
+                });
                 Ok(())
             }
             RequestKind::Subscribe(kind) => self.subscribe(kind, snapshot, &request).await,
@@ -264,31 +314,104 @@ impl Connection {
             return Ok(());
         };
         debug!(%kind, subscribe = ?request.resource_names_subscribe, unsubscribe = ?request.resource_names_unsubscribe, "subscription change");
+        let started = Instant::now();
         match state.on_subscribe(
             snapshot,
             &request.resource_names_subscribe,
             &request.resource_names_unsubscribe,
         ) {
-            Some(delta) => self.send(kind, snapshot, delta).await,
-            None => Ok(()),
+            Some(delta) => {
+                self.metrics
+                    .push_triggers
+                    .get_or_create(&TypeLabel::named("request"))
+                    .inc();
+                self.send_timed(kind, snapshot, delta, started).await
+            }
+            None => {
+                self.publish_status(kind);
+                Ok(())
+            }
         }
     }
 
     async fn on_snapshot(&mut self, snapshot: &Arc<Snapshot>) -> Result<(), End> {
         let kinds: Vec<TypeKind> = self.types.keys().copied().collect();
+        let mut pushed = false;
         for kind in kinds {
+            let started = Instant::now();
             let Some(state) = self.types.get_mut(&kind) else {
                 continue;
             };
             let delta = state.on_snapshot(snapshot);
-            if !delta.is_empty() {
-                self.send(kind, snapshot, delta).await?;
+            if delta.is_empty() {
+                self.publish_status(kind);
+            } else {
+                pushed = true;
+                self.send_timed(kind, snapshot, delta, started).await?;
+            }
+        }
+        if pushed {
+            self.metrics
+                .push_triggers
+                .get_or_create(&TypeLabel::named("ambient"))
+                .inc();
+            if let Some(published) = snapshot.published_at {
+                self.metrics.record_convergence(published.elapsed());
             }
         }
         Ok(())
     }
 
+    /// Copies one type's sync state into the registry, for the debug views.
+    fn publish_status(&self, kind: TypeKind) {
+        let Some(state) = self.types.get(&kind) else {
+            return;
+        };
+        let view = match state.synced() {
+            Some(snapshot) if state.subscription.wildcard => ClientView::Snapshot(snapshot.clone()),
+            _ => ClientView::Held(
+                state
+                    .held()
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            ),
+        };
+        let wildcard = state.subscription.wildcard;
+        let names: Vec<String> = state.subscription.names.iter().cloned().collect();
+        let nonce = state.last_nonce.clone();
+        self.status.update(|s| {
+            let entry = s.types.entry(kind).or_insert_with(|| TypeStatus {
+                wildcard,
+                names: Vec::new(),
+                sent_nonce: String::new(),
+                sent_at: None,
+                acked_nonce: String::new(),
+                acked_at: None,
+                last_error: None,
+                view: None,
+            });
+            entry.wildcard = wildcard;
+            entry.names = names;
+            if entry.sent_nonce != nonce {
+                entry.sent_nonce = nonce;
+                entry.sent_at = Some(SystemTime::now());
+            }
+            entry.view = Some(view);
+        });
+    }
+
     async fn send(&mut self, kind: TypeKind, snapshot: &Snapshot, delta: Delta) -> Result<(), End> {
+        self.send_timed(kind, snapshot, delta, Instant::now()).await
+    }
+
+    async fn send_timed(
+        &mut self,
+        kind: TypeKind,
+        snapshot: &Snapshot,
+        delta: Delta,
+        started: Instant,
+    ) -> Result<(), End> {
         self.sent += 1;
         let nonce = format!("{}-{}-{}", snapshot.generation, self.id, self.sent);
         if let Some(state) = self.types.get_mut(&kind) {
@@ -319,9 +442,17 @@ impl Connection {
                 })
                 .collect(),
         };
+        let bytes: usize = response
+            .resources
+            .iter()
+            .map(|r| r.resource.as_ref().map_or(0, |a| a.value.len()))
+            .sum();
+        self.publish_status(kind);
         self.outbound
             .send(Ok(response))
             .await
-            .map_err(|_| End::Closed)
+            .map_err(|_| End::Closed)?;
+        self.metrics.record_push(kind, started.elapsed(), bytes);
+        Ok(())
     }
 }

@@ -127,6 +127,16 @@ pub struct TypeState {
 }
 
 impl TypeState {
+    /// The snapshot a wildcard client's view equals, once synced.
+    pub fn synced(&self) -> Option<&Arc<Snapshot>> {
+        self.synced.as_ref()
+    }
+
+    /// What an explicit client holds: name -> version.
+    pub fn held(&self) -> &HashMap<String, String> {
+        &self.held
+    }
+
     /// From the first request of a type. `initial_resource_versions` are what the client holds
     /// from an earlier stream; in explicit mode they also count as subscribed names.
     pub fn new(kind: TypeKind, request: &DeltaDiscoveryRequest) -> Self {

@@ -348,7 +348,14 @@ pub fn ip_slice(namespace: &str, name: &str, service: &str, address: &str) -> En
 /// Address names whose version differs between two snapshots: `(upserted, removed)`, which
 /// is what the `Changes` of the steps between them must say.
 pub fn diff(before: &Snapshot, after: &Snapshot) -> (BTreeSet<String>, BTreeSet<String>) {
-    let (old, new) = (versions(before), versions(after));
+    diff_versions(&versions(before), &versions(after))
+}
+
+/// Names whose version differs between two `name -> version` maps: `(upserted, removed)`.
+pub fn diff_versions(
+    old: &BTreeMap<String, String>,
+    new: &BTreeMap<String, String>,
+) -> (BTreeSet<String>, BTreeSet<String>) {
     let upserted = new
         .iter()
         .filter(|(name, version)| old.get(*name) != Some(*version))

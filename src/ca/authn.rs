@@ -1,0 +1,407 @@
+//! Authenticators: who is calling, from a client certificate or a bearer token.
+//!
+//! They are tried in order and the first success wins, as in istiod. Each says `Ok(None)` when
+//! the request carries no credential of its kind, and `Err(reason)` when it carries a bad one.
+//! A Kubernetes TokenReview authenticator (for the Kubernetes source) implements the same
+//! [`Authenticator`] trait and slots in beside these.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use rustls::pki_types::CertificateDer;
+use serde::Deserialize;
+use tonic::metadata::MetadataMap;
+use x509_parser::extensions::GeneralName;
+
+use crate::ca::authorize::{Caller, Method, PodBinding};
+use crate::ca::identity::SpiffeId;
+use crate::ca::token::{KubernetesClaim, LOCAL_ISSUER, LocalKey};
+
+/// What a request offers as credentials.
+#[derive(Clone, Copy, Debug)]
+pub struct AuthContext<'a> {
+    pub metadata: &'a MetadataMap,
+    /// The TLS client certificate chain, already verified against our roots by the handshake.
+    pub peer_certs: Option<&'a [CertificateDer<'static>]>,
+}
+
+/// One way of authenticating a caller.
+#[tonic::async_trait]
+pub trait Authenticator: Send + Sync {
+    /// A short name for logs.
+    fn name(&self) -> &'static str;
+    /// `Ok(None)`: no credential of this kind. `Err(reason)`: a credential that fails.
+    async fn authenticate(&self, ctx: &AuthContext<'_>) -> Result<Option<Caller>, String>;
+}
+
+/// The authenticators to try, in order.
+#[derive(Clone, Default)]
+pub struct Authenticators(Vec<Arc<dyn Authenticator>>);
+
+/// Why nobody was authenticated: each authenticator's reason, for the log only.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuthFailure(pub Vec<String>);
+
+impl std::fmt::Display for AuthFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_empty() {
+            f.write_str("no credentials (no client certificate, no bearer token)")
+        } else {
+            f.write_str(&self.0.join("; "))
+        }
+    }
+}
+
+impl Authenticators {
+    /// Tries `list` in order.
+    pub fn new(list: Vec<Arc<dyn Authenticator>>) -> Self {
+        Authenticators(list)
+    }
+
+    /// The first authenticator's success, or every failure reason.
+    pub async fn authenticate(&self, ctx: &AuthContext<'_>) -> Result<Caller, AuthFailure> {
+        let mut reasons = Vec::new();
+        for authenticator in &self.0 {
+            match authenticator.authenticate(ctx).await {
+                Ok(Some(caller)) => return Ok(caller),
+                Ok(None) => {}
+                Err(reason) => reasons.push(format!("{}: {reason}", authenticator.name())),
+            }
+        }
+        Err(AuthFailure(reasons))
+    }
+}
+
+/// A client certificate (verified by the TLS handshake against our roots) with a SPIFFE URI SAN.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ClientCertAuthenticator;
+
+#[tonic::async_trait]
+impl Authenticator for ClientCertAuthenticator {
+    fn name(&self) -> &'static str {
+        "client-certificate"
+    }
+
+    async fn authenticate(&self, ctx: &AuthContext<'_>) -> Result<Option<Caller>, String> {
+        let Some(leaf) = ctx.peer_certs.and_then(|certs| certs.first()) else {
+            return Ok(None);
+        };
+        spiffe_id_of(leaf).map(|identity| {
+            Some(Caller {
+                identity,
+                method: Method::ClientCertificate,
+                pod: None,
+                node: None,
+            })
+        })
+    }
+}
+
+/// The first `spiffe://td/ns/X/sa/Y` URI SAN of a certificate.
+pub fn spiffe_id_of(cert: &CertificateDer<'_>) -> Result<SpiffeId, String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(cert)
+        .map_err(|e| format!("client certificate does not parse: {e}"))?;
+    let san = cert
+        .subject_alternative_name()
+        .map_err(|e| format!("client certificate SAN: {e}"))?;
+    san.into_iter()
+        .flat_map(|ext| ext.value.general_names.iter())
+        .find_map(|name| match name {
+            GeneralName::URI(uri) => SpiffeId::parse(uri),
+            _ => None,
+        })
+        .ok_or_else(|| "client certificate has no SPIFFE URI SAN".to_string())
+}
+
+/// How many validated tokens to remember (ztunnel sends the same token on every call).
+const TOKEN_CACHE: usize = 10_000;
+/// Clock skew allowed on `exp`/`nbf`, in seconds.
+const LEEWAY: u64 = 60;
+
+/// One trusted signing key.
+struct TrustedKey {
+    kid: Option<String>,
+    algorithms: Vec<Algorithm>,
+    key: DecodingKey,
+}
+
+/// An issuer and its keys.
+struct TrustedIssuer {
+    issuer: String,
+    method: Method,
+    keys: ArcSwap<Vec<TrustedKey>>,
+}
+
+#[derive(Clone)]
+struct Cached {
+    caller: Caller,
+    exp: u64,
+}
+
+/// Bearer-token authenticator: projected service-account JWTs validated locally, against the
+/// local key (`ambientd token`) and optionally a JWKS file with its issuer. Validated tokens
+/// are cached until they expire, so the signature is checked once per token, not per call.
+pub struct JwtAuthenticator {
+    trust_domain: String,
+    audiences: Vec<String>,
+    issuers: Vec<TrustedIssuer>,
+    cache: Mutex<HashMap<String, Cached>>,
+}
+
+/// The claims read from a token (jsonwebtoken checks `exp`, `nbf`, `aud` and `iss`).
+#[derive(Deserialize)]
+struct TokenClaims {
+    #[serde(default)]
+    sub: Option<String>,
+    #[serde(rename = "kubernetes.io", default)]
+    kubernetes: Option<KubernetesClaim>,
+    exp: u64,
+}
+
+#[derive(Deserialize)]
+struct IssuerClaim {
+    #[serde(default)]
+    iss: Option<String>,
+}
+
+impl JwtAuthenticator {
+    /// Trusts `local` (tokens from `ambientd token`), requiring one of `audiences`.
+    pub fn new(trust_domain: &str, audiences: Vec<String>, local: &LocalKey) -> Self {
+        let local = TrustedIssuer {
+            issuer: LOCAL_ISSUER.to_string(),
+            method: Method::LocalToken,
+            keys: ArcSwap::from_pointee(vec![TrustedKey {
+                kid: Some(local.kid().to_string()),
+                algorithms: vec![Algorithm::ES256],
+                key: local.decoding_key().clone(),
+            }]),
+        };
+        JwtAuthenticator {
+            trust_domain: trust_domain.to_string(),
+            audiences,
+            issuers: vec![local],
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Also trusts tokens from `issuer` signed by a key in `jwks`.
+    pub fn with_jwks(mut self, issuer: &str, jwks: &JwkSet) -> Result<Self, String> {
+        self.issuers.push(TrustedIssuer {
+            issuer: issuer.to_string(),
+            method: Method::ServiceAccountToken,
+            keys: ArcSwap::from_pointee(trusted_keys(jwks)?),
+        });
+        Ok(self)
+    }
+
+    /// Replaces the JWKS keys (after the file changed) and forgets cached tokens.
+    pub fn reload_jwks(&self, jwks: &JwkSet) -> Result<(), String> {
+        let keys = trusted_keys(jwks)?;
+        if let Some(issuer) = self
+            .issuers
+            .iter()
+            .find(|i| i.method == Method::ServiceAccountToken)
+        {
+            issuer.keys.store(Arc::new(keys));
+        }
+        self.lock_cache().clear();
+        Ok(())
+    }
+
+    fn lock_cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, Cached>> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Validates `token` and returns its caller.
+    pub fn validate(&self, token: &str) -> Result<Caller, String> {
+        let now = jsonwebtoken::get_current_timestamp();
+        if let Some(hit) = self.lock_cache().get(token)
+            && hit.exp + LEEWAY > now
+        {
+            return Ok(hit.caller.clone());
+        }
+        let (caller, exp) = self.validate_uncached(token)?;
+        let mut cache = self.lock_cache();
+        if cache.len() >= TOKEN_CACHE {
+            cache.retain(|_, c| c.exp + LEEWAY > now);
+            if cache.len() >= TOKEN_CACHE {
+                cache.clear();
+            }
+        }
+        cache.insert(
+            token.to_string(),
+            Cached {
+                caller: caller.clone(),
+                exp,
+            },
+        );
+        Ok(caller)
+    }
+
+    fn validate_uncached(&self, token: &str) -> Result<(Caller, u64), String> {
+        let header =
+            jsonwebtoken::decode_header(token).map_err(|e| format!("malformed token: {e}"))?;
+        let unverified: IssuerClaim = jsonwebtoken::dangerous::insecure_decode_claims(token)
+            .map_err(|e| format!("malformed token: {e}"))?;
+        let iss = unverified.iss.unwrap_or_default();
+        let issuer = self
+            .issuers
+            .iter()
+            .find(|i| i.issuer == iss)
+            .ok_or_else(|| format!("untrusted issuer {iss:?}"))?;
+        let keys = issuer.keys.load();
+        let candidates: Vec<&TrustedKey> = keys
+            .iter()
+            .filter(|k| k.algorithms.contains(&header.alg))
+            .filter(|k| match (&header.kid, &k.kid) {
+                (Some(want), Some(have)) => want == have,
+                _ => true,
+            })
+            .collect();
+        if candidates.is_empty() {
+            return Err(format!(
+                "no key of issuer {iss:?} for kid {:?} and algorithm {:?}",
+                header.kid, header.alg
+            ));
+        }
+        let mut validation = Validation::new(header.alg);
+        validation.set_audience(&self.audiences);
+        validation.set_issuer(&[&issuer.issuer]);
+        validation.set_required_spec_claims(&["exp", "aud", "iss"]);
+        validation.leeway = LEEWAY;
+        let mut last = String::new();
+        for key in candidates {
+            match jsonwebtoken::decode::<TokenClaims>(token, &key.key, &validation) {
+                Ok(data) => {
+                    let caller =
+                        self.caller(issuer.method, data.claims.sub, data.claims.kubernetes)?;
+                    return Ok((caller, data.claims.exp));
+                }
+                Err(e) => last = describe(&e),
+            }
+        }
+        Err(last)
+    }
+
+    fn caller(
+        &self,
+        method: Method,
+        sub: Option<String>,
+        claim: Option<KubernetesClaim>,
+    ) -> Result<Caller, String> {
+        let claim = claim.ok_or("token has no kubernetes.io claim (not a projected token)")?;
+        if claim.namespace.is_empty() || claim.serviceaccount.name.is_empty() {
+            return Err("token names no namespace or service account".into());
+        }
+        let expected = format!(
+            "system:serviceaccount:{}:{}",
+            claim.namespace, claim.serviceaccount.name
+        );
+        if let Some(sub) = sub
+            && sub != expected
+        {
+            return Err(format!("token subject {sub:?} is not {expected:?}"));
+        }
+        Ok(Caller {
+            identity: SpiffeId::new(
+                &self.trust_domain,
+                claim.namespace,
+                claim.serviceaccount.name,
+            ),
+            method,
+            pod: claim
+                .pod
+                .filter(|p| !p.name.is_empty())
+                .map(|p| PodBinding {
+                    name: p.name,
+                    uid: Some(p.uid).filter(|u| !u.is_empty()),
+                }),
+            node: claim.node.map(|n| n.name).filter(|n| !n.is_empty()),
+        })
+    }
+}
+
+fn describe(error: &jsonwebtoken::errors::Error) -> String {
+    use jsonwebtoken::errors::ErrorKind;
+    match error.kind() {
+        ErrorKind::ExpiredSignature => "token expired".into(),
+        ErrorKind::ImmatureSignature => "token not yet valid".into(),
+        ErrorKind::InvalidAudience => "token audience is not accepted".into(),
+        ErrorKind::InvalidIssuer => "token issuer is not accepted".into(),
+        ErrorKind::InvalidSignature => "token signature does not verify".into(),
+        ErrorKind::MissingRequiredClaim(claim) => format!("token lacks the {claim} claim"),
+        _ => format!("invalid token: {error}"),
+    }
+}
+
+/// The usable keys of a JWK set: RSA and EC (P-256, P-384) signature keys.
+fn trusted_keys(jwks: &JwkSet) -> Result<Vec<TrustedKey>, String> {
+    let mut keys = Vec::new();
+    for jwk in &jwks.keys {
+        let algorithms = match (&jwk.common.key_algorithm, &jwk.algorithm) {
+            (Some(alg), _) => match alg.to_string().parse::<Algorithm>() {
+                Ok(alg)
+                    if !matches!(alg, Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512) =>
+                {
+                    vec![alg]
+                }
+                _ => continue,
+            },
+            (None, AlgorithmParameters::RSA(_)) => vec![
+                Algorithm::RS256,
+                Algorithm::RS384,
+                Algorithm::RS512,
+                Algorithm::PS256,
+                Algorithm::PS384,
+                Algorithm::PS512,
+            ],
+            (None, AlgorithmParameters::EllipticCurve(ec)) => match ec.curve {
+                EllipticCurve::P256 => vec![Algorithm::ES256],
+                EllipticCurve::P384 => vec![Algorithm::ES384],
+                _ => continue,
+            },
+            _ => continue,
+        };
+        let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("bad JWK: {e}"))?;
+        keys.push(TrustedKey {
+            kid: jwk.common.key_id.clone(),
+            algorithms,
+            key,
+        });
+    }
+    if keys.is_empty() {
+        return Err("the JWK set has no usable RSA or EC signature key".into());
+    }
+    Ok(keys)
+}
+
+/// Reads a JWK set (`{"keys": [...]}`), as served at the API server's `/openid/v1/jwks`.
+pub fn read_jwks(path: &std::path::Path) -> Result<JwkSet, String> {
+    let text = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    serde_json::from_slice(&text).map_err(|e| format!("{}: not a JWK set: {e}", path.display()))
+}
+
+#[tonic::async_trait]
+impl Authenticator for JwtAuthenticator {
+    fn name(&self) -> &'static str {
+        "jwt"
+    }
+
+    async fn authenticate(&self, ctx: &AuthContext<'_>) -> Result<Option<Caller>, String> {
+        let Some(value) = ctx.metadata.get("authorization") else {
+            return Ok(None);
+        };
+        let value = value
+            .to_str()
+            .map_err(|_| "authorization header is not text".to_string())?;
+        let token = value
+            .strip_prefix("Bearer ")
+            .or_else(|| value.strip_prefix("bearer "))
+            .ok_or("authorization header is not a Bearer token")?
+            .trim();
+        self.validate(token).map(Some)
+    }
+}

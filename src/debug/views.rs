@@ -1,0 +1,288 @@
+//! The JSON views: connections and their sync state, what each proxy was sent, and the mesh.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use axum::Json;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::debug::{DebugState, render};
+use crate::discovery::names::TypeKind;
+use crate::push::registry::{ClientView, ConnectionStatus};
+
+pub fn rfc3339(time: Option<SystemTime>) -> Value {
+    let Some(time) = time else { return Value::Null };
+    let secs = time
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default();
+    json!(secs)
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct NamespaceQuery {
+    pub namespace: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct ProxyQuery {
+    #[serde(rename = "proxyID")]
+    pub proxy_id: Option<String>,
+}
+
+fn in_namespace(c: &ConnectionStatus, namespace: &Option<String>) -> bool {
+    namespace
+        .as_ref()
+        .is_none_or(|ns| c.proxy.as_ref().is_some_and(|p| &p.namespace == ns))
+}
+
+/// `/debug/syncz`: one object per connection, with per-type sent/acked nonces.
+pub async fn syncz(
+    State(state): State<DebugState>,
+    Query(q): Query<NamespaceQuery>,
+) -> Json<Value> {
+    let connections: Vec<Value> = state
+        .registry
+        .list()
+        .iter()
+        .filter(|c| in_namespace(c, &q.namespace))
+        .map(|c| {
+            let resources: BTreeMap<&str, Value> = c
+                .types
+                .iter()
+                .map(|(kind, t)| {
+                    (
+                        kind.type_url(),
+                        json!({
+                            "sent": t.sent_nonce,
+                            "acked": t.acked_nonce,
+                            "sentTime": rfc3339(t.sent_at),
+                            "ackedTime": rfc3339(t.acked_at),
+                            "lastError": t.last_error,
+                        }),
+                    )
+                })
+                .collect();
+            let proxy = c.proxy.clone().unwrap_or_default();
+            json!({
+                "proxy": c.connection_id,
+                "proxy_id": proxy.id,
+                "proxy_type": proxy.id.split('~').next().unwrap_or_default(),
+                "cluster_id": proxy.cluster_id,
+                "istio_version": proxy.version,
+                "resources": resources,
+            })
+        })
+        .collect();
+    Json(Value::Array(connections))
+}
+
+fn connection_summary(c: &ConnectionStatus) -> Value {
+    json!({
+        "connectionId": c.connection_id,
+        "connectedAt": rfc3339(Some(c.connected_at)),
+        "address": c.peer,
+    })
+}
+
+/// `/debug/connections`.
+pub async fn connections(State(state): State<DebugState>) -> Json<Value> {
+    let clients: Vec<Value> = state
+        .registry
+        .list()
+        .iter()
+        .map(connection_summary)
+        .collect();
+    Json(json!({"totalClients": clients.len(), "clients": clients}))
+}
+
+/// `/debug/adsz`: connections with metadata and subscriptions.
+pub async fn adsz(State(state): State<DebugState>, Query(q): Query<ProxyQuery>) -> Json<Value> {
+    let list = match &q.proxy_id {
+        Some(id) => state.registry.find(id),
+        None => state.registry.list(),
+    };
+    let clients: Vec<Value> = list
+        .iter()
+        .map(|c| {
+            let mut summary = connection_summary(c);
+            let proxy = c.proxy.clone().unwrap_or_default();
+            let watches: BTreeMap<&str, Value> = c
+                .types
+                .iter()
+                .map(|(kind, t)| {
+                    let names = if t.wildcard {
+                        json!([])
+                    } else {
+                        json!(t.names)
+                    };
+                    (kind.type_url(), names)
+                })
+                .collect();
+            if let Value::Object(map) = &mut summary {
+                map.insert("proxyId".into(), json!(proxy.id));
+                map.insert(
+                    "metadata".into(),
+                    json!({
+                        "NAME": proxy.name,
+                        "NAMESPACE": proxy.namespace,
+                        "NODE_NAME": proxy.node_name,
+                        "CLUSTER_ID": proxy.cluster_id,
+                    }),
+                );
+                map.insert("watches".into(), json!(watches));
+                map.insert(
+                    "wildcard".into(),
+                    json!(
+                        c.types
+                            .iter()
+                            .filter(|(_, t)| t.wildcard)
+                            .map(|(k, _)| k.type_url())
+                            .collect::<Vec<_>>()
+                    ),
+                );
+            }
+            summary
+        })
+        .collect();
+    Json(json!({"totalClients": clients.len(), "clients": clients}))
+}
+
+/// `/debug/config_dump?proxyID=`: what that proxy was sent and holds. 400 without proxyID,
+/// 404 when no such proxy is connected here.
+pub async fn config_dump(State(state): State<DebugState>, Query(q): Query<ProxyQuery>) -> Response {
+    let Some(id) = q.proxy_id.filter(|id| !id.is_empty()) else {
+        return (StatusCode::BAD_REQUEST, "proxyID is required\n").into_response();
+    };
+    let Some(connection) = state.registry.find(&id).into_iter().next() else {
+        return (
+            StatusCode::NOT_FOUND,
+            format!("proxy {id:?} is not connected to this replica\n"),
+        )
+            .into_response();
+    };
+    let latest = state.snapshots.borrow().clone();
+    let mut configs = Vec::new();
+    for (kind, status) in &connection.types {
+        let entries: Vec<(String, String, Option<Value>)> = match &status.view {
+            Some(ClientView::Snapshot(snapshot)) => snapshot
+                .resources(*kind)
+                .iter()
+                .map(|(name, r)| (name.clone(), r.version.clone(), Some(render::resource(r))))
+                .collect(),
+            Some(ClientView::Held(held)) => held
+                .iter()
+                .map(|(name, version)| {
+                    // An on-demand client's resources, rendered from the latest snapshot.
+                    let rendered = latest
+                        .as_ref()
+                        .and_then(|s| s.resources(*kind).get(name).cloned())
+                        .filter(|r| &r.version == version)
+                        .map(|r| render::resource(&r));
+                    (name.clone(), version.clone(), rendered)
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        let mut entries = entries;
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        for (name, version, resource) in entries {
+            configs.push(json!({
+                "typeUrl": kind.type_url(),
+                "name": name,
+                "version": version,
+                "resource": resource,
+            }));
+        }
+    }
+    Json(json!({
+        "connectionId": connection.connection_id,
+        "proxyId": connection.proxy.map(|p| p.id).unwrap_or_default(),
+        "configs": configs,
+    }))
+    .into_response()
+}
+
+/// `/debug/ambientz[?namespace=]`: workloads, services and policies, each policy with its
+/// conversion status.
+pub async fn ambientz(
+    State(state): State<DebugState>,
+    Query(q): Query<NamespaceQuery>,
+) -> Response {
+    let Some(snapshot) = state.snapshots.borrow().clone() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response();
+    };
+    let wanted = |value: &Value| {
+        q.namespace
+            .as_ref()
+            .is_none_or(|ns| value.get("namespace").and_then(Value::as_str) == Some(ns.as_str()))
+    };
+    let mut workloads = Vec::new();
+    let mut services = Vec::new();
+    let mut names: Vec<&String> = snapshot.addresses.keys().collect();
+    names.sort();
+    for name in names {
+        let resource = &snapshot.addresses[name];
+        let value = render::address(resource);
+        if !wanted(&value) {
+            continue;
+        }
+        if resource.is_service {
+            services.push(value);
+        } else {
+            workloads.push(value);
+        }
+    }
+    let mut policy_names: Vec<&String> = snapshot.authorizations.keys().collect();
+    policy_names.sort();
+    let mut policies: Vec<Value> = policy_names
+        .into_iter()
+        .map(|name| {
+            let mut value = render::resource(&snapshot.authorizations[name]);
+            if let (Value::Object(map), Some(status)) =
+                (&mut value, snapshot.policy_status.get(name))
+            {
+                map.insert("status".into(), status_json(status));
+            }
+            value
+        })
+        .filter(|v| wanted(v))
+        .collect();
+    // Policies that are not sent to ztunnel still have a status worth seeing.
+    let mut unsent: Vec<(&String, _)> = snapshot
+        .policy_status
+        .iter()
+        .filter(|(name, _)| !snapshot.authorizations.contains_key(*name))
+        .collect();
+    unsent.sort_by(|a, b| a.0.cmp(b.0));
+    for (name, status) in unsent {
+        let (namespace, policy) = name.split_once('/').unwrap_or(("", name));
+        let value = json!({"name": policy, "namespace": namespace, "sent": false, "status": status_json(status)});
+        if wanted(&value) {
+            policies.push(value);
+        }
+    }
+    Json(json!({"workloads": workloads, "services": services, "policies": policies, "generation": snapshot.generation}))
+        .into_response()
+}
+
+fn status_json(status: &crate::discovery::authorization::PolicyStatus) -> Value {
+    json!({
+        "type": status.condition_type,
+        "status": if status.status { "True" } else { "False" },
+        "reason": status.reason,
+        "message": status.message,
+    })
+}
+
+/// The type kinds as the debug views name them.
+pub fn type_name(kind: TypeKind) -> &'static str {
+    match kind {
+        TypeKind::Address => "WDS",
+        TypeKind::Authorization => "WADS",
+    }
+}

@@ -1,0 +1,566 @@
+//! The Kubernetes source: kube-runtime watchers over every kind ambientd reads, feeding the
+//! index the same [`Event`]s as the manifests source.
+//!
+//! Each kind has one task running `kube::runtime::watcher` with the kind's `ApiResource` over
+//! [`kinds::WatchedObject`]s (a leaner `DynamicObject`: the object's JSON value, without
+//! `managedFields`). Objects are reduced on arrival through the same decoders as manifests
+//! ([`kinds::reduce`]); no full object is kept. A re-list is buffered from `Init` to `InitDone`
+//! and sent as one `Reset(kind, objects)`, so it is the truth and swaps state in one step; later
+//! changes are `Apply`/`Delete`.
+//!
+//! - **Readiness:** the first list of each kind streams into the index as `Apply`s while it
+//!   is read (nothing is published before `Synced`, so it need not be atomic), gated so kinds
+//!   arrive in [`Kind::ALL`] order (containers before contents, as the manifests source loads
+//!   them). `Synced` follows once every kind is listed.
+//! - **Missing CRDs:** a 404 on list means the kind is not installed: one warning, a
+//!   `Reset(kind, [])` (it counts as listed), and retries with backoff until the CRD appears.
+//! - **Errors and outages:** the watcher backs off (kube's `default_backoff` unless
+//!   [`ClusterConfig::retry`] says otherwise), resumes from its last resourceVersion, and
+//!   re-lists after a 410. Nothing is sent meanwhile, so the index keeps serving its last
+//!   snapshot; each kind logs once when it starts failing and once when it recovers, and
+//!   [`ClusterHealth`] counts it.
+//! - **Discovery selectors:** objects of namespaced kinds outside the selected namespaces are
+//!   dropped on arrival. When the set of selected namespaces changes, the namespaced watchers
+//!   re-list, and their `Reset`s bring the index to the new selection.
+//!
+//! The `istio.io/rev` revision filter is the index's (see `Settings::revision`), not ours.
+
+pub mod kinds;
+pub mod selector;
+mod watch;
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::utils::Backoff;
+use tokio::sync::{mpsc, watch as tokio_watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, info, info_span};
+
+use crate::discovery::model::{Event, Kind};
+
+pub use kinds::{WatchedKind, watched_kinds};
+pub use selector::{DiscoverySelectors, LabelSelector};
+
+/// Events from watchers queued before they wait for the coordinator.
+const WATCH_BUFFER: usize = 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("reading kubeconfig {path}")]
+    Kubeconfig {
+        path: PathBuf,
+        source: kube::config::KubeconfigError,
+    },
+    #[error("loading kubeconfig")]
+    KubeconfigContext(#[source] kube::config::KubeconfigError),
+    #[error(
+        "no Kubernetes configuration: not in a cluster and no kubeconfig \
+         (use --kubeconfig, KUBECONFIG, or --manifests DIR)"
+    )]
+    Infer(#[source] kube::config::InferConfigError),
+    #[error("building the Kubernetes client")]
+    Client(#[source] kube::Error),
+}
+
+/// How watch errors are retried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retry {
+    /// kube-runtime's `default_backoff`: 0.8 s doubling to 30 s, with jitter.
+    KubeDefault,
+    /// Exponential without jitter, from `initial` doubling to `max` (tests use this).
+    Exponential { initial: Duration, max: Duration },
+}
+
+impl Retry {
+    fn backoff(self) -> Box<dyn Backoff> {
+        match self {
+            Retry::KubeDefault => Box::new(kube::runtime::watcher::DefaultBackoff::default()),
+            Retry::Exponential { initial, max } => Box::new(Exponential {
+                initial,
+                max,
+                current: None,
+            }),
+        }
+    }
+}
+
+/// A backoff that remembers the delay it last chose, so the watch loop knows when a retry
+/// that produced no new error has succeeded.
+pub(crate) struct Recorded {
+    inner: Box<dyn Backoff>,
+    last: Arc<Mutex<Option<Duration>>>,
+}
+
+impl Recorded {
+    pub(crate) fn new(retry: Retry) -> (Self, Arc<Mutex<Option<Duration>>>) {
+        let last = Arc::new(Mutex::new(None));
+        (
+            Recorded {
+                inner: retry.backoff(),
+                last: last.clone(),
+            },
+            last,
+        )
+    }
+}
+
+impl Iterator for Recorded {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let next = self.inner.next();
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = next;
+        next
+    }
+}
+
+impl Backoff for Recorded {
+    fn reset(&mut self) {
+        self.inner.reset();
+    }
+}
+
+struct Exponential {
+    initial: Duration,
+    max: Duration,
+    current: Option<Duration>,
+}
+
+impl Iterator for Exponential {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let next = match self.current {
+            None => self.initial,
+            Some(current) => (current * 2).min(self.max),
+        };
+        self.current = Some(next);
+        Some(next)
+    }
+}
+
+impl Backoff for Exponential {
+    fn reset(&mut self) {
+        self.current = None;
+    }
+}
+
+/// Where the cluster is and what to read from it.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// A kubeconfig file; `None` infers (`KUBECONFIG`, `~/.kube/config`, then in-cluster).
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context; `None` is the current context.
+    pub context: Option<String>,
+    pub discovery_selectors: DiscoverySelectors,
+    pub retry: Retry,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            kubeconfig: None,
+            context: None,
+            discovery_selectors: DiscoverySelectors::default(),
+            retry: Retry::KubeDefault,
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// The Kubernetes client this config names.
+    pub async fn client(&self) -> Result<kube::Client, ClusterError> {
+        let options = KubeConfigOptions {
+            context: self.context.clone(),
+            ..KubeConfigOptions::default()
+        };
+        let config = match (&self.kubeconfig, &self.context) {
+            (Some(path), _) => {
+                let file =
+                    Kubeconfig::read_from(path).map_err(|source| ClusterError::Kubeconfig {
+                        path: path.clone(),
+                        source,
+                    })?;
+                kube::Config::from_custom_kubeconfig(file, &options)
+                    .await
+                    .map_err(|source| ClusterError::Kubeconfig {
+                        path: path.clone(),
+                        source,
+                    })?
+            }
+            (None, Some(_)) => kube::Config::from_kubeconfig(&options)
+                .await
+                .map_err(ClusterError::KubeconfigContext)?,
+            (None, None) => kube::Config::infer().await.map_err(ClusterError::Infer)?,
+        };
+        kube::Client::try_from(config).map_err(ClusterError::Client)
+    }
+}
+
+/// The health of one kind's watch.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KindHealth {
+    /// Its first list (or its absence) has been delivered.
+    pub synced: bool,
+    /// The API server answers 404: its CRD is not installed (the kind counts as empty).
+    pub missing: bool,
+    /// Currently failing and backing off; the index serves what it last had.
+    pub failing: bool,
+    /// Errors seen (each one a retry).
+    pub errors: u64,
+    /// Completed lists (the first, and every re-list).
+    pub lists: u64,
+    pub last_error: Option<String>,
+}
+
+/// Watch health per kind, for logs, metrics and tests.
+#[derive(Default)]
+pub struct ClusterHealth {
+    kinds: Mutex<BTreeMap<Kind, KindHealth>>,
+    on_error: OnceLock<Box<dyn Fn(Kind) + Send + Sync>>,
+}
+
+impl std::fmt::Debug for ClusterHealth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterHealth")
+            .field("kinds", &self.kinds())
+            .finish()
+    }
+}
+
+impl ClusterHealth {
+    /// A copy of every kind's health.
+    pub fn kinds(&self) -> BTreeMap<Kind, KindHealth> {
+        self.lock().clone()
+    }
+
+    pub fn kind(&self, kind: Kind) -> KindHealth {
+        self.lock().get(&kind).cloned().unwrap_or_default()
+    }
+
+    /// Some watch is failing: what is served may be stale.
+    pub fn degraded(&self) -> bool {
+        self.lock().values().any(|k| k.failing)
+    }
+
+    /// Calls `hook` on every watch error or forced re-list (a metrics counter, say). Set once.
+    pub fn on_error(&self, hook: impl Fn(Kind) + Send + Sync + 'static) {
+        let _ = self.on_error.set(Box::new(hook));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Kind, KindHealth>> {
+        self.kinds.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn update(&self, kind: Kind, f: impl FnOnce(&mut KindHealth)) {
+        f(self.lock().entry(kind).or_default());
+    }
+
+    /// A 410 Gone: not a failure, but a re-list (counted for the metrics hook).
+    fn relisting(&self, kind: Kind) {
+        if let Some(hook) = self.on_error.get() {
+            hook(kind);
+        }
+    }
+
+    fn error(&self, kind: Kind, error: String) {
+        self.update(kind, |h| {
+            h.errors += 1;
+            h.failing = true;
+            h.last_error = Some(error);
+        });
+        if let Some(hook) = self.on_error.get() {
+            hook(kind);
+        }
+    }
+}
+
+/// Which namespaces pass the discovery selectors; `None` until Namespaces are first listed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Selection(Option<Arc<HashSet<String>>>);
+
+impl Selection {
+    fn admits(&self, namespace: &str) -> bool {
+        self.0.as_ref().is_some_and(|s| s.contains(namespace))
+    }
+}
+
+/// A connected Kubernetes source, ready to run.
+pub struct ClusterSource {
+    client: kube::Client,
+    config: ClusterConfig,
+    kinds: Vec<WatchedKind>,
+    health: Arc<ClusterHealth>,
+}
+
+impl std::fmt::Debug for ClusterSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterSource")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl ClusterSource {
+    /// Builds the client from `config` (kubeconfig or in-cluster). Nothing is contacted yet.
+    pub async fn connect(config: ClusterConfig) -> Result<Self, ClusterError> {
+        let client = config.client().await?;
+        Ok(Self::new(client, config))
+    }
+
+    /// A source over an existing client (tests, embedders).
+    pub fn new(client: kube::Client, config: ClusterConfig) -> Self {
+        ClusterSource {
+            client,
+            config,
+            kinds: watched_kinds(),
+            health: Arc::new(ClusterHealth::default()),
+        }
+    }
+
+    /// The client, shared with other users of the API server (the CA's TokenReview).
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    pub fn health(&self) -> Arc<ClusterHealth> {
+        self.health.clone()
+    }
+
+    /// Runs every watcher until `shutdown` or until the event receiver goes away.
+    pub async fn run(self, events: mpsc::Sender<Event>, shutdown: CancellationToken) {
+        let ClusterSource {
+            client,
+            config,
+            kinds,
+            health,
+        } = self;
+        info!(
+            discovery_selectors = %config.discovery_selectors,
+            kinds = kinds.len(),
+            "watching the cluster"
+        );
+        let (selection_tx, selection_rx) = tokio_watch::channel(Selection::default());
+        let filtering = !config.discovery_selectors.is_empty();
+        let (watch_tx, watch_rx) = mpsc::channel(WATCH_BUFFER);
+        let mut tasks = JoinSet::new();
+        let mut selection_tx = Some(selection_tx);
+        let mut expected: Vec<Kind> = Vec::new();
+        for watched in kinds {
+            expected.push(watched.kind);
+            let kind = watched.kind;
+            let is_namespace = kind == Kind::Namespace;
+            let task = watch::KindWatch {
+                watched,
+                client: client.clone(),
+                out: watch_tx.clone(),
+                retry: config.retry,
+                health: health.clone(),
+                shutdown: shutdown.clone(),
+                filter: (filtering && !is_namespace && kind.namespaced())
+                    .then(|| selection_rx.clone()),
+                selector: is_namespace.then(|| watch::NamespaceSelection {
+                    selectors: config.discovery_selectors.clone(),
+                    publish: filtering.then(|| selection_tx.take()).flatten(),
+                    labels: Default::default(),
+                    listed: false,
+                }),
+                streamed: false,
+            };
+            let span = info_span!("watch", %kind);
+            tasks.spawn(task.run().instrument(span));
+        }
+        drop(watch_tx);
+        let coordinate = coordinate(watch_rx, events, expected);
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = coordinate => {}
+        }
+        tasks.shutdown().await;
+    }
+}
+
+/// What a watcher tells the coordinator.
+#[allow(clippy::large_enum_variant)] // short-lived, moved straight on
+#[derive(Debug)]
+pub(crate) enum Message {
+    Event(Event),
+    /// The kind's list is complete (or the kind is not served): its events so far are the
+    /// whole kind.
+    Listed,
+}
+
+/// Forwards watcher events to the index. Until every kind is listed, a kind's events are
+/// forwarded only once every kind before it in [`Kind::ALL`] is listed (containers before
+/// contents, as the manifests source loads them); the rest wait in order. The first list of
+/// a kind is streamed as `Apply`s (nothing is published before `Synced`, so it need not be
+/// atomic), so the index builds while the big kinds are still being read. When every kind is
+/// listed, `Synced` follows.
+async fn coordinate(
+    mut from_watchers: mpsc::Receiver<(Kind, Message)>,
+    events: mpsc::Sender<Event>,
+    expected: Vec<Kind>,
+) {
+    let order: Vec<Kind> = Kind::ALL
+        .into_iter()
+        .filter(|k| expected.contains(k))
+        .collect();
+    let mut listed: HashSet<Kind> = HashSet::new();
+    let mut waiting: BTreeMap<Kind, Vec<Event>> = BTreeMap::new();
+    let mut objects = 0usize;
+    // Kinds at positions below `open` may send; `order[open]` is the first not yet listed.
+    let open_for = |listed: &HashSet<Kind>| {
+        order
+            .iter()
+            .position(|k| !listed.contains(k))
+            .unwrap_or(order.len())
+    };
+    let mut synced = order.is_empty();
+    if synced {
+        let _ = events.send(Event::Synced).await;
+    }
+    while let Some((kind, message)) = from_watchers.recv().await {
+        if synced {
+            if let Message::Event(event) = message
+                && events.send(event).await.is_err()
+            {
+                return;
+            }
+            continue;
+        }
+        let open = open_for(&listed);
+        let position = order.iter().position(|k| *k == kind).unwrap_or(0);
+        match message {
+            Message::Event(event) => {
+                objects += match &event {
+                    Event::Reset(_, o) => o.len(),
+                    Event::Apply(_) => 1,
+                    _ => 0,
+                };
+                if position <= open {
+                    if events.send(event).await.is_err() {
+                        return;
+                    }
+                } else {
+                    waiting.entry(kind).or_default().push(event);
+                }
+            }
+            Message::Listed => {
+                listed.insert(kind);
+                let now_open = open_for(&listed);
+                // Flush, in order, the kinds this opened.
+                for k in order.iter().take((now_open + 1).min(order.len())) {
+                    for event in waiting.remove(k).unwrap_or_default() {
+                        if events.send(event).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                if now_open == order.len() {
+                    if events.send(Event::Synced).await.is_err() {
+                        return;
+                    }
+                    info!(objects, "every kind listed; cluster source synced");
+                    synced = true;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discovery::model::{Namespace, Node, Object, Pod};
+
+    fn pod(name: &str) -> Event {
+        Event::Apply(Object::Pod(Pod {
+            name: name.into(),
+            namespace: "demo".into(),
+            ..Pod::default()
+        }))
+    }
+
+    fn names(events: &[Event]) -> Vec<String> {
+        events
+            .iter()
+            .map(|e| match e {
+                Event::Apply(o) => o.object_ref().to_string(),
+                Event::Reset(kind, objects) => format!("reset {kind} {}", objects.len()),
+                Event::Delete(r) => format!("delete {r}"),
+                Event::Synced => "synced".into(),
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn kinds_reach_the_index_in_order_and_synced_comes_last() {
+        let (tx, rx) = mpsc::channel(64);
+        let (out, mut index) = mpsc::channel(64);
+        let kinds = vec![Kind::Namespace, Kind::Node, Kind::Pod];
+        let coordinator = tokio::spawn(coordinate(rx, out, kinds));
+        let send = |kind, message| {
+            let tx = tx.clone();
+            async move { tx.send((kind, message)).await.unwrap() }
+        };
+        // Pods list first, while Namespaces and Nodes are still listing: they wait.
+        send(Kind::Pod, Message::Event(pod("a"))).await;
+        send(Kind::Pod, Message::Listed).await;
+        let namespace = Object::Namespace(Namespace {
+            name: "demo".into(),
+            ..Namespace::default()
+        });
+        send(Kind::Namespace, Message::Event(Event::Apply(namespace))).await;
+        send(Kind::Namespace, Message::Listed).await;
+        send(
+            Kind::Node,
+            Message::Event(Event::Reset(Kind::Node, Vec::new())),
+        )
+        .await;
+        // A later change waits behind the first lists too.
+        send(Kind::Pod, Message::Event(pod("b"))).await;
+        let node = Object::Node(Node {
+            name: "n".into(),
+            ..Node::default()
+        });
+        send(Kind::Node, Message::Event(Event::Apply(node))).await;
+        send(Kind::Node, Message::Listed).await;
+        send(Kind::Pod, Message::Event(pod("c"))).await;
+        drop(tx);
+        coordinator.await.unwrap();
+        let mut events = Vec::new();
+        while let Some(event) = index.recv().await {
+            events.push(event);
+        }
+        assert_eq!(
+            names(&events),
+            vec![
+                "Namespace demo",
+                "reset Node 0",
+                "Node n",
+                "Pod demo/a",
+                "Pod demo/b",
+                "synced",
+                "Pod demo/c",
+            ]
+        );
+    }
+
+    #[test]
+    fn exponential_retry_doubles_to_its_cap_and_resets() {
+        let mut backoff = Retry::Exponential {
+            initial: Duration::from_millis(100),
+            max: Duration::from_millis(350),
+        }
+        .backoff();
+        let delays: Vec<u128> = backoff.by_ref().take(4).map(|d| d.as_millis()).collect();
+        assert_eq!(delays, vec![100, 200, 350, 350]);
+        backoff.reset();
+        assert_eq!(backoff.next(), Some(Duration::from_millis(100)));
+    }
+}

@@ -1,0 +1,310 @@
+//! Prometheus metrics, named as istiod names them so existing dashboards keep working, plus a
+//! few of ambientd's own (source health, object counts, memory). No global registry: one
+//! [`Metrics`] is created by the app and shared by `Arc` with whoever records.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, SystemTime};
+
+use prometheus_client::encoding::{EncodeLabelSet, text::encode};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::discovery::names::TypeKind;
+
+/// How many recent push latencies the debug page charts.
+const RECENT_PUSHES: usize = 120;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TypeLabel {
+    /// istiod's short type names: `wds` (Address) and `wads` (Authorization).
+    pub r#type: String,
+}
+
+impl TypeLabel {
+    pub fn of(kind: TypeKind) -> Self {
+        TypeLabel {
+            r#type: match kind {
+                TypeKind::Address => "wds",
+                TypeKind::Authorization => "wads",
+            }
+            .to_string(),
+        }
+    }
+
+    pub fn named(name: &str) -> Self {
+        TypeLabel {
+            r#type: name.to_string(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VersionLabel {
+    pub version: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 100 µs .. ~13 s.
+    Histogram::new(exponential_buckets(0.0001, 2.0, 18))
+}
+
+fn size_histogram() -> Histogram {
+    // 64 B .. ~16 MiB.
+    Histogram::new(exponential_buckets(64.0, 4.0, 10))
+}
+
+/// Every metric ambientd exports.
+pub struct Metrics {
+    registry: Registry,
+    /// `pilot_xds`: connected xDS clients.
+    pub xds_clients: Family<VersionLabel, Gauge>,
+    /// `pilot_xds_pushes{type}`: responses sent.
+    pub pushes: Family<TypeLabel, Counter>,
+    /// `pilot_xds_push_time{type}`: time to compute and queue one response.
+    pub push_time: Family<TypeLabel, Histogram, fn() -> Histogram>,
+    /// `pilot_xds_config_size_bytes{type}`: encoded size of one response's resources.
+    pub config_size: Family<TypeLabel, Histogram, fn() -> Histogram>,
+    /// `pilot_proxy_convergence_time`: from a snapshot's publication to a proxy's response.
+    pub convergence_time: Histogram,
+    /// `pilot_debounce_time`: from the first event of a batch to the snapshot's publication.
+    pub debounce_time: Histogram,
+    /// `pilot_push_triggers{type}`: why pushes happened (`ambient` index changes, `request`).
+    pub push_triggers: Family<TypeLabel, Counter>,
+    /// `pilot_total_xds_rejects{type}`: NACKs received.
+    pub rejects: Family<TypeLabel, Counter>,
+    /// `pilot_xds_expired_nonce{type}`: requests carrying a superseded nonce.
+    pub expired_nonce: Family<TypeLabel, Counter>,
+    /// `pilot_services`: Services (Kubernetes and ServiceEntry hosts) served.
+    pub services: Gauge,
+    /// CA (`citadel_server_*`), recorded by the CA service.
+    pub csr_count: Counter,
+    pub auth_failures: Counter,
+    pub certs_issued: Counter,
+    pub root_expiry: Gauge<f64, AtomicU64>,
+    /// ambientd: objects held per kind, resources served per type, snapshot generation.
+    pub objects: Family<KindLabel, Gauge>,
+    pub resources: Family<TypeLabel, Gauge>,
+    pub generation: Gauge,
+    /// ambientd: source health.
+    pub source_restarts: Counter,
+    pub source_last_sync: Gauge<f64, AtomicU64>,
+    /// Resident memory, refreshed on each scrape.
+    pub resident_memory: Gauge,
+    started: SystemTime,
+    recent: Mutex<VecDeque<(SystemTime, f64)>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let xds_clients = Family::<VersionLabel, Gauge>::default();
+        let pushes = Family::<TypeLabel, Counter>::default();
+        let push_time = Family::<TypeLabel, Histogram, fn() -> Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        let config_size = Family::<TypeLabel, Histogram, fn() -> Histogram>::new_with_constructor(
+            size_histogram as fn() -> Histogram,
+        );
+        let convergence_time = latency_histogram();
+        let debounce_time = latency_histogram();
+        let push_triggers = Family::<TypeLabel, Counter>::default();
+        let rejects = Family::<TypeLabel, Counter>::default();
+        let expired_nonce = Family::<TypeLabel, Counter>::default();
+        let services = Gauge::default();
+        let csr_count = Counter::default();
+        let auth_failures = Counter::default();
+        let certs_issued = Counter::default();
+        let root_expiry = Gauge::<f64, AtomicU64>::default();
+        let objects = Family::<KindLabel, Gauge>::default();
+        let resources = Family::<TypeLabel, Gauge>::default();
+        let generation = Gauge::default();
+        let source_restarts = Counter::default();
+        let source_last_sync = Gauge::<f64, AtomicU64>::default();
+        let resident_memory = Gauge::default();
+
+        // Counters get `_total` appended by OpenMetrics; istiod's names are kept as the stem.
+        registry.register("pilot_xds", "Connected xDS clients", xds_clients.clone());
+        registry.register(
+            "pilot_xds_pushes",
+            "xDS responses sent, by type",
+            pushes.clone(),
+        );
+        registry.register(
+            "pilot_xds_push_time",
+            "Seconds to compute and queue one xDS response, by type",
+            push_time.clone(),
+        );
+        registry.register(
+            "pilot_xds_config_size_bytes",
+            "Bytes of resources in one xDS response, by type",
+            config_size.clone(),
+        );
+        registry.register(
+            "pilot_proxy_convergence_time",
+            "Seconds from a snapshot's publication to a proxy's response",
+            convergence_time.clone(),
+        );
+        registry.register(
+            "pilot_debounce_time",
+            "Seconds from the first event of a batch to the snapshot's publication",
+            debounce_time.clone(),
+        );
+        registry.register("pilot_push_triggers", "Push causes", push_triggers.clone());
+        registry.register(
+            "pilot_total_xds_rejects",
+            "NACKs received, by type",
+            rejects.clone(),
+        );
+        registry.register(
+            "pilot_xds_expired_nonce",
+            "Requests with a superseded nonce, by type",
+            expired_nonce.clone(),
+        );
+        registry.register("pilot_services", "Services served", services.clone());
+        registry.register(
+            "citadel_server_csr_count",
+            "CSRs received",
+            csr_count.clone(),
+        );
+        registry.register(
+            "citadel_server_authentication_failure_count",
+            "CA requests that failed authentication",
+            auth_failures.clone(),
+        );
+        registry.register(
+            "citadel_server_success_cert_issuance_count",
+            "Certificates issued",
+            certs_issued.clone(),
+        );
+        registry.register(
+            "citadel_server_root_cert_expiry_timestamp",
+            "Unix time the root certificate expires",
+            root_expiry.clone(),
+        );
+        registry.register(
+            "ambientd_objects",
+            "Objects held by the index, by kind",
+            objects.clone(),
+        );
+        registry.register(
+            "ambientd_resources",
+            "Resources served, by type",
+            resources.clone(),
+        );
+        registry.register(
+            "ambientd_snapshot_generation",
+            "Generation of the latest published snapshot",
+            generation.clone(),
+        );
+        registry.register(
+            "ambientd_source_restarts",
+            "Watch restarts (errors, relists) of the sources",
+            source_restarts.clone(),
+        );
+        registry.register(
+            "ambientd_source_last_sync_timestamp",
+            "Unix time a source last delivered a change or relist",
+            source_last_sync.clone(),
+        );
+        registry.register(
+            "ambientd_resident_memory_bytes",
+            "Resident set size of the process",
+            resident_memory.clone(),
+        );
+        Metrics {
+            registry,
+            xds_clients,
+            pushes,
+            push_time,
+            config_size,
+            convergence_time,
+            debounce_time,
+            push_triggers,
+            rejects,
+            expired_nonce,
+            services,
+            csr_count,
+            auth_failures,
+            certs_issued,
+            root_expiry,
+            objects,
+            resources,
+            generation,
+            source_restarts,
+            source_last_sync,
+            resident_memory,
+            started: SystemTime::now(),
+            recent: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// Records one response sent: how long it took to compute and queue, and its size.
+    pub fn record_push(&self, kind: TypeKind, took: Duration, bytes: usize) {
+        let label = TypeLabel::of(kind);
+        self.pushes.get_or_create(&label).inc();
+        self.push_time
+            .get_or_create(&label)
+            .observe(took.as_secs_f64());
+        self.config_size.get_or_create(&label).observe(bytes as f64);
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        recent.push_back((SystemTime::now(), took.as_secs_f64()));
+        while recent.len() > RECENT_PUSHES {
+            recent.pop_front();
+        }
+    }
+
+    /// Records how long a proxy took to receive a published snapshot.
+    pub fn record_convergence(&self, took: Duration) {
+        self.convergence_time.observe(took.as_secs_f64());
+    }
+
+    /// Recent convergence latencies in seconds, oldest first, for the debug page.
+    pub fn recent_pushes(&self) -> Vec<f64> {
+        let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        recent.iter().map(|(_, s)| *s).collect()
+    }
+
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed().unwrap_or_default()
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        if let Some(rss) = resident_memory_bytes() {
+            self.resident_memory.set(rss as i64);
+        }
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Resident set size from `/proc/self/statm`, where there is one.
+pub fn resident_memory_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}

@@ -1,0 +1,364 @@
+//! 15012 end to end: a tonic client with ztunnel's exact TLS settings (TLS 1.3, AES-GCM, h2,
+//! the written root-cert.pem, server name istiod.istio-system.svc) syncs delta ADS and gets a
+//! certificate; the xDS identity check; client-certificate authentication; plugged-in reload.
+
+mod ca_support;
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ambientd::app::{self, Running};
+use ambientd::ca::CaConfig;
+use ambientd::config::Config;
+use ambientd::discovery::names::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
+use ambientd::pb::istio::v1::auth::istio_certificate_service_client::IstioCertificateServiceClient;
+use ambientd::pb::xds::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use ambientd::pb::xds::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
+use ca_support::*;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Code;
+
+const MESH: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: istio-system}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: demo, labels: {istio.io/dataplane-mode: ambient}}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-a}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: ztunnel-a, namespace: istio-system, uid: 11111111-aaaa}
+spec: {serviceAccountName: ztunnel, nodeName: node-a, containers: [{name: istio-proxy}]}
+status: {phase: Running, podIP: 10.244.1.2, conditions: [{type: Ready, status: "True"}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web-1, namespace: demo, labels: {app: web}}
+spec: {serviceAccountName: web, nodeName: node-a, containers: [{name: main}]}
+status: {phase: Running, podIP: 10.244.1.10, conditions: [{type: Ready, status: "True"}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: db-1, namespace: demo, labels: {app: db}}
+spec: {serviceAccountName: db, nodeName: node-b, containers: [{name: main}]}
+status: {phase: Running, podIP: 10.244.2.10, conditions: [{type: Ready, status: "True"}]}
+"#;
+
+const WEB: &str = "spiffe://cluster.local/ns/demo/sa/web";
+const DB: &str = "spiffe://cluster.local/ns/demo/sa/db";
+
+struct Cluster {
+    _manifests: support::Manifests,
+    ca_dir: tempfile::TempDir,
+    running: Running,
+}
+
+async fn start(ca: impl FnOnce(&std::path::Path) -> CaConfig) -> Cluster {
+    let manifests = support::Manifests::new(&[("mesh.yaml", MESH)]);
+    let ca_dir = tempfile::tempdir().unwrap();
+    let mut config = Config::local(manifests.root());
+    config.ca = Some(ca(ca_dir.path()));
+    let running = app::start(config).await.expect("start ambientd");
+    let mut snapshots = running.snapshots.clone();
+    tokio::time::timeout(WAIT, snapshots.wait_for(Option::is_some))
+        .await
+        .expect("not ready in time")
+        .unwrap();
+    Cluster {
+        _manifests: manifests,
+        ca_dir,
+        running,
+    }
+}
+
+impl Cluster {
+    async fn channel(&self) -> tonic::transport::Channel {
+        let tls = ztunnel_tls(&self.ca_dir.path().join("root-cert.pem"));
+        channel(self.running.xds_tls_address.unwrap(), tls, ISTIOD)
+            .await
+            .expect("TLS connect with ztunnel's settings")
+    }
+
+    fn ztunnel_token(&self) -> String {
+        local_token(
+            self.ca_dir.path(),
+            "istio-system",
+            "ztunnel",
+            None,
+            Some("node-a"),
+        )
+    }
+}
+
+/// Opens a delta ADS stream with `token` and sends ztunnel's two initial requests.
+async fn open_ads(
+    channel: tonic::transport::Channel,
+    token: Option<&str>,
+    namespace: &str,
+) -> Result<Ads, tonic::Status> {
+    let (tx, rx) = mpsc::channel(4);
+    let mut node = support::ztunnel_node("node-a");
+    node.metadata.as_mut().unwrap().fields.insert(
+        "NAMESPACE".into(),
+        ambientd::pb::google::protobuf::Value {
+            kind: Some(ambientd::pb::google::protobuf::value::Kind::StringValue(
+                namespace.into(),
+            )),
+        },
+    );
+    for type_url in [ADDRESS_TYPE, AUTHORIZATION_TYPE] {
+        tx.send(DeltaDiscoveryRequest {
+            node: Some(node.clone()),
+            type_url: type_url.to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    if let Some(token) = token {
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    }
+    let mut client = AggregatedDiscoveryServiceClient::new(channel);
+    tokio::time::timeout(WAIT, client.delta_aggregated_resources(request))
+        .await
+        .expect("opening the stream timed out")
+        .map(|response| Ads {
+            _requests: tx,
+            responses: response.into_inner(),
+        })
+}
+
+/// An open stream; the request side stays open while it lives, as ztunnel's does.
+#[derive(Debug)]
+struct Ads {
+    _requests: mpsc::Sender<DeltaDiscoveryRequest>,
+    responses: tonic::Streaming<DeltaDiscoveryResponse>,
+}
+
+async fn next(stream: &mut Ads) -> DeltaDiscoveryResponse {
+    tokio::time::timeout(WAIT, stream.responses.message())
+        .await
+        .expect("no response in time")
+        .expect("stream error")
+        .expect("stream ended")
+}
+
+#[tokio::test]
+async fn ztunnel_settings_sync_delta_ads_and_get_a_certificate() {
+    let cluster = start(|d| CaConfig::local(d)).await;
+    let channel = cluster.channel().await;
+    let token = cluster.ztunnel_token();
+
+    let mut stream = open_ads(channel.clone(), Some(&token), "istio-system")
+        .await
+        .expect("stream accepted");
+    let addresses = next(&mut stream).await;
+    assert_eq!(addresses.type_url, ADDRESS_TYPE);
+    let mut names: Vec<_> = addresses
+        .resources
+        .iter()
+        .map(|r| r.name.as_str())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        vec![
+            "Kubernetes//Pod/demo/db-1",
+            "Kubernetes//Pod/demo/web-1",
+            "Kubernetes//Pod/istio-system/ztunnel-a"
+        ]
+    );
+    assert_eq!(next(&mut stream).await.type_url, AUTHORIZATION_TYPE);
+
+    // Shared mode on the same connection: a certificate for a pod on our node.
+    let mut ca = IstioCertificateServiceClient::new(channel);
+    let (_key, csr) = ztunnel_csr(WEB);
+    let response = tokio::time::timeout(
+        WAIT,
+        ca.create_certificate(csr_request(&csr, Some(&token), Some(WEB))),
+    )
+    .await
+    .expect("CSR timed out")
+    .expect("CSR signed")
+    .into_inner();
+    let leaf = verify_chain(&response.cert_chain);
+    assert_eq!(leaf.uris, vec![WEB.to_string()]);
+    let root = std::fs::read_to_string(cluster.ca_dir.path().join("root-cert.pem")).unwrap();
+    assert_eq!(response.cert_chain.last().unwrap(), &root);
+
+    // A pod on another node is refused, with no reason given.
+    let (_key, csr) = ztunnel_csr(DB);
+    let status = ca
+        .create_certificate(csr_request(&csr, Some(&token), Some(DB)))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated);
+    assert!(!status.message().contains("node"), "{}", status.message());
+    cluster.running.stop().await;
+}
+
+#[tokio::test]
+async fn xds_on_15012_needs_an_authenticated_caller_of_the_proxys_namespace() {
+    let cluster = start(|d| CaConfig::local(d)).await;
+    let channel = cluster.channel().await;
+
+    let status = open_ads(channel.clone(), None, "istio-system")
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated, "{status}");
+
+    let web = local_token(cluster.ca_dir.path(), "demo", "web", None, None);
+    let status = open_ads(channel.clone(), Some(&web), "istio-system")
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied, "{status}");
+
+    // The same caller for a proxy in its own namespace is served.
+    let mut stream = open_ads(channel, Some(&web), "demo")
+        .await
+        .expect("accepted");
+    assert_eq!(next(&mut stream).await.type_url, ADDRESS_TYPE);
+    cluster.running.stop().await;
+}
+
+#[tokio::test]
+async fn a_workload_certificate_authenticates_as_a_client_certificate() {
+    let cluster = start(|d| CaConfig::local(d)).await;
+    let channel = cluster.channel().await;
+    // Dedicated mode: a workload asks for its own identity with its own token.
+    let token = local_token(cluster.ca_dir.path(), "demo", "web", None, None);
+    let (key, csr) = ztunnel_csr(WEB);
+    let response = IstioCertificateServiceClient::new(channel)
+        .create_certificate(csr_request(&csr, Some(&token), None))
+        .await
+        .expect("own identity")
+        .into_inner();
+    verify_chain(&response.cert_chain);
+
+    // Now with that certificate and no token at all.
+    let root = cluster.ca_dir.path().join("root-cert.pem");
+    let chain = ambientd::ca::keys::certificates(response.cert_chain[0].as_bytes()).unwrap();
+    let tls = ztunnel_tls_with_cert(&root, chain, key.serialize_der());
+    let channel = channel_with(&cluster, tls).await;
+    let (_key, csr) = ztunnel_csr(WEB);
+    let response = IstioCertificateServiceClient::new(channel)
+        .create_certificate(csr_request(&csr, None, None))
+        .await
+        .expect("authenticated by client certificate")
+        .into_inner();
+    assert_eq!(
+        verify_chain(&response.cert_chain).uris,
+        vec![WEB.to_string()]
+    );
+    cluster.running.stop().await;
+}
+
+async fn channel_with(
+    cluster: &Cluster,
+    tls: Arc<rustls::ClientConfig>,
+) -> tonic::transport::Channel {
+    channel(cluster.running.xds_tls_address.unwrap(), tls, ISTIOD)
+        .await
+        .expect("connect")
+}
+
+#[tokio::test]
+async fn the_serving_certificate_has_the_istiod_names_and_extra_ips() {
+    let cluster = start(|d| CaConfig::local(d)).await;
+    let tls = ztunnel_tls(&cluster.ca_dir.path().join("root-cert.pem"));
+    for name in [
+        "istiod.istio-system.svc",
+        "ambientd.istio-system.svc",
+        "127.0.0.1",
+        "localhost",
+    ] {
+        channel(cluster.running.xds_tls_address.unwrap(), tls.clone(), name)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    assert!(
+        channel(
+            cluster.running.xds_tls_address.unwrap(),
+            tls,
+            "istiod.other.svc"
+        )
+        .await
+        .is_err()
+    );
+    cluster.running.stop().await;
+}
+
+#[tokio::test]
+async fn a_restart_serves_the_same_root() {
+    let manifests = support::Manifests::new(&[("mesh.yaml", MESH)]);
+    let ca_dir = tempfile::tempdir().unwrap();
+    let mut roots = Vec::new();
+    for _ in 0..2 {
+        let mut config = Config::local(manifests.root());
+        config.ca = Some(CaConfig::local(ca_dir.path()));
+        let running = app::start(config).await.expect("start");
+        roots.push(std::fs::read_to_string(ca_dir.path().join("root-cert.pem")).unwrap());
+        running.stop().await;
+    }
+    assert_eq!(roots[0], roots[1]);
+}
+
+#[tokio::test]
+async fn a_plugged_in_ca_is_reloaded_when_its_files_change() {
+    let cacerts = tempfile::tempdir().unwrap();
+    let first = plugged_ca(Duration::from_secs(365 * 86400));
+    first.write_cacerts(cacerts.path());
+    let dir = cacerts.path().to_path_buf();
+    let cluster = start(move |ca_dir| {
+        let mut config = CaConfig::local(ca_dir);
+        config.cacerts = Some(dir);
+        config
+    })
+    .await;
+    let root_path = cluster.ca_dir.path().join("root-cert.pem");
+    assert_eq!(std::fs::read_to_string(&root_path).unwrap(), first.root_pem);
+    let token = cluster.ztunnel_token();
+    let (_key, csr) = ztunnel_csr(WEB);
+    let response = IstioCertificateServiceClient::new(cluster.channel().await)
+        .create_certificate(csr_request(&csr, Some(&token), Some(WEB)))
+        .await
+        .expect("signed")
+        .into_inner();
+    assert_eq!(response.cert_chain.len(), 3, "[leaf, intermediate, root]");
+    assert_eq!(response.cert_chain[1], first.intermediate_pem);
+    verify_chain(&response.cert_chain);
+
+    // A new CA lands file by file, as a Secret update does.
+    let second = plugged_ca(Duration::from_secs(365 * 86400));
+    second.write_cacerts(cacerts.path());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    while std::fs::read_to_string(&root_path).unwrap() != second.root_pem {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "root-cert.pem was not rewritten after the CA files changed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // New connections trust the new root (the serving certificate was re-issued).
+    let (_key, csr) = ztunnel_csr(WEB);
+    let response = IstioCertificateServiceClient::new(cluster.channel().await)
+        .create_certificate(csr_request(&csr, Some(&token), Some(WEB)))
+        .await
+        .expect("signed by the new CA")
+        .into_inner();
+    assert_eq!(response.cert_chain[1], second.intermediate_pem);
+    assert_eq!(response.cert_chain[2], second.root_pem);
+    verify_chain(&response.cert_chain);
+    cluster.running.stop().await;
+}

@@ -1,0 +1,349 @@
+//! The debug HTTP views against a running ambientd serving the example mesh, with one
+//! ztunnel-shaped client connected.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+use support::*;
+
+async fn json(addr: std::net::SocketAddr, path: &str) -> (u16, Value) {
+    let (code, body) = http_get(addr, path).await;
+    let value = serde_json::from_str(&body).unwrap_or(Value::String(body));
+    (code, value)
+}
+
+/// Polls `check` until it returns true; fails loudly after the wait.
+async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while tokio::time::Instant::now() < deadline {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn example() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/bookinfo")
+}
+
+#[tokio::test]
+async fn syncz_tracks_sent_and_acked_nonces() {
+    let running = start(&example()).await;
+    let mut client = XdsClient::connect(&running).await;
+    client.subscribe_wildcard(BTreeMap::new()).await;
+    let first = client.recv().await;
+    let address_type = "type.googleapis.com/istio.workload.Address";
+
+    let (code, syncz) = json(running.debug_address, "/debug/syncz").await;
+    assert_eq!(code, 200);
+    let connection = &syncz.as_array().expect("an array")[0];
+    assert!(
+        connection["proxy_id"]
+            .as_str()
+            .unwrap()
+            .starts_with("ztunnel~")
+    );
+    assert_eq!(connection["proxy_type"], "ztunnel");
+    assert_eq!(connection["cluster_id"], "Kubernetes");
+    assert_eq!(
+        connection["resources"][address_type]["sent"],
+        first.nonce.as_str()
+    );
+    assert_eq!(connection["resources"][address_type]["acked"], "");
+
+    client.ack(&first).await;
+    let addr = running.debug_address;
+    let nonce = first.nonce.clone();
+    eventually("the ACK to show in syncz", async || {
+        let (_, syncz) = json(addr, "/debug/syncz").await;
+        syncz[0]["resources"][address_type]["acked"] == nonce.as_str()
+    })
+    .await;
+
+    // A NACK shows as the last error.
+    let authorizations = client.recv().await;
+    client
+        .nack(&authorizations, "bookinfo/allow-in-namespace: test")
+        .await;
+    eventually("the NACK to show in syncz", async || {
+        let (_, syncz) = json(addr, "/debug/syncz").await;
+        syncz[0]["resources"]["type.googleapis.com/istio.security.Authorization"]["lastError"]
+            == "bookinfo/allow-in-namespace: test"
+    })
+    .await;
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn config_dump_equals_what_the_client_received() {
+    let running = start(&example()).await;
+    let mut client = XdsClient::connect(&running).await;
+    client.subscribe_wildcard(BTreeMap::new()).await;
+    let (addresses, authorizations) = client.initial_sync().await;
+    let mut received = versions(&addresses);
+    received.extend(versions(&authorizations));
+
+    let addr = running.debug_address;
+    let (code, dump) = json(addr, "/debug/config_dump?proxyID=ztunnel-x7k2p").await;
+    assert_eq!(code, 200, "{dump}");
+    let dumped: BTreeMap<String, String> = dump["configs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().to_string(),
+                c["version"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(dumped, received);
+    // IPs are strings.
+    let productpage = dump["configs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"].as_str().unwrap().contains("productpage-v1"))
+        .unwrap();
+    assert_eq!(productpage["resource"]["addresses"][0], "10.244.1.10");
+
+    let (code, _) = http_get(addr, "/debug/config_dump").await;
+    assert_eq!(code, 400);
+    let (code, _) = http_get(addr, "/debug/config_dump?proxyID=nobody").await;
+    assert_eq!(code, 404);
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn connections_adsz_and_ambientz_have_their_shapes() {
+    let running = start(&example()).await;
+    let mut client = XdsClient::connect(&running).await;
+    client.subscribe_wildcard(BTreeMap::new()).await;
+    client.initial_sync().await;
+    let addr = running.debug_address;
+
+    let (code, connections) = json(addr, "/debug/connections").await;
+    assert_eq!(code, 200);
+    assert_eq!(connections["totalClients"], 1);
+    assert!(
+        connections["clients"][0]["connectionId"]
+            .as_str()
+            .unwrap()
+            .starts_with("ztunnel-x7k2p.istio-system-")
+    );
+
+    let (_, adsz) = json(addr, "/debug/adsz").await;
+    let client0 = &adsz["clients"][0];
+    assert_eq!(client0["metadata"]["NODE_NAME"], "node-a");
+    assert_eq!(client0["wildcard"].as_array().unwrap().len(), 2);
+
+    let (code, mesh) = json(addr, "/debug/ambientz?namespace=bookinfo").await;
+    assert_eq!(code, 200);
+    assert_eq!(mesh["workloads"].as_array().unwrap().len(), 9);
+    assert_eq!(mesh["services"].as_array().unwrap().len(), 6);
+    let policies = mesh["policies"].as_array().unwrap();
+    let deny = policies
+        .iter()
+        .find(|p| p["name"] == "ratings-deny-admin")
+        .unwrap();
+    assert_eq!(deny["status"]["reason"], "UnsupportedValue");
+    assert!(
+        deny["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("requestPrincipals")
+    );
+    // The waypoint policy is not sent, yet listed with its status.
+    let waypoint = policies.iter().find(|p| p["name"] == "reviews-get-only");
+    assert!(waypoint.is_none_or(|p| p["sent"] == false));
+    let (_, all) = json(addr, "/debug/ambientz").await;
+    assert!(
+        all["policies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "istio_converted_static_strict")
+    );
+    running.stop().await;
+}
+
+/// `/debug/authorize` agrees with the evaluator scenarios on the example mesh's policies.
+#[tokio::test]
+async fn explain_answers_who_may_connect_and_why() {
+    let running = start(&example()).await;
+    let addr = running.debug_address;
+    let ask = async |source: &str, destination: &str, port: u16| {
+        let path =
+            format!("/debug/authorize?source={source}&destination={destination}&port={port}");
+        let (code, answer) = json(addr, &path).await;
+        assert_eq!(code, 200, "{answer}");
+        answer
+    };
+    let reviews = "bookinfo/reviews-v1-598b896c9d-j6mw2";
+
+    let answer = ask(
+        "spiffe://cluster.local/ns/bookinfo/sa/bookinfo-productpage",
+        reviews,
+        9080,
+    )
+    .await;
+    assert_eq!(answer["decision"], "ALLOW");
+    assert!(
+        answer["considered"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p == "bookinfo/reviews-from-productpage")
+    );
+
+    // Mesh-wide STRICT: plaintext is denied by the static policy.
+    let answer = ask("plaintext", reviews, 9080).await;
+    assert_eq!(answer["decision"], "DENY");
+    assert_eq!(
+        answer["policy"],
+        "istio-system/istio_converted_static_strict"
+    );
+
+    // Another namespace matches no ALLOW.
+    let answer = ask("spiffe://cluster.local/ns/other/sa/x", reviews, 9080).await;
+    assert_eq!(answer["decision"], "DENY");
+    assert_eq!(answer["reason"], "allow policies exist, but none allowed");
+
+    // The DENY with an HTTP path is enforced without it: any caller from outside bookinfo.
+    let answer = ask(
+        "spiffe://cluster.local/ns/istio-ingress/sa/gw",
+        "bookinfo/ratings-v1-6c4f8b7d58-r5lcg",
+        9080,
+    )
+    .await;
+    assert_eq!(answer["decision"], "DENY");
+    assert_eq!(answer["policy"], "bookinfo/ratings-deny-admin");
+
+    // A mesh workload's IP stands for its identity.
+    let answer = ask("10.244.1.10", reviews, 9080).await;
+    assert_eq!(answer["decision"], "ALLOW");
+    assert_eq!(
+        answer["source"]["identity"],
+        "spiffe://cluster.local/ns/bookinfo/sa/bookinfo-productpage"
+    );
+
+    let (code, _) = http_get(
+        addr,
+        "/debug/authorize?source=plaintext&destination=nowhere&port=1",
+    )
+    .await;
+    assert_eq!(code, 404);
+    let (code, _) = http_get(addr, "/debug/authorize?source=plaintext&destination=x").await;
+    assert_eq!(code, 400);
+    running.stop().await;
+}
+
+/// Every sample line is `name{labels} value`, and the exposition ends with `# EOF`.
+fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
+    assert!(
+        text.trim_end().ends_with("# EOF"),
+        "OpenMetrics ends with # EOF"
+    );
+    let mut samples = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (series, value) = line.rsplit_once(' ').expect("a sample line");
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("a number in {line:?}"));
+        assert!(
+            series.chars().next().unwrap().is_ascii_alphabetic(),
+            "{line}"
+        );
+        samples.insert(series.to_string(), value);
+    }
+    samples
+}
+
+#[tokio::test]
+async fn metrics_move_on_push_and_nack() {
+    let running = start(&example()).await;
+    let addr = running.debug_address;
+    let mut client = XdsClient::connect(&running).await;
+    client.subscribe_wildcard(BTreeMap::new()).await;
+    let addresses = client.recv().await;
+    client.nack(&addresses, "x: rejected").await;
+    let authorizations = client.recv().await;
+    client.ack(&authorizations).await;
+
+    let (code, text) = http_get(addr, "/metrics").await;
+    assert_eq!(code, 200);
+    let samples = parse_metrics(&text);
+    assert_eq!(
+        samples.get("pilot_xds_pushes_total{type=\"wds\"}"),
+        Some(&1.0)
+    );
+    assert_eq!(
+        samples.get("pilot_xds_pushes_total{type=\"wads\"}"),
+        Some(&1.0)
+    );
+    assert_eq!(samples.get("pilot_xds{version=\"0.1.0\"}"), Some(&1.0));
+    eventually("the NACK to be counted", async || {
+        let (_, text) = http_get(addr, "/metrics").await;
+        parse_metrics(&text).get("pilot_total_xds_rejects_total{type=\"wds\"}") == Some(&1.0)
+    })
+    .await;
+    assert_eq!(samples.get("pilot_services"), Some(&6.0));
+    assert_eq!(samples.get("ambientd_objects{kind=\"Pod\"}"), Some(&7.0));
+    assert!(samples.contains_key("citadel_server_csr_count_total"));
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn the_html_page_shows_connected_proxies() {
+    let running = start(&example()).await;
+    let mut client = XdsClient::connect(&running).await;
+    client.subscribe_wildcard(BTreeMap::new()).await;
+    client.initial_sync().await;
+    let addr = running.debug_address;
+    eventually("both types to show as synced", async || {
+        let (_, html) = http_get(addr, "/debug").await;
+        html.matches(">synced<").count() == 2
+    })
+    .await;
+    let (code, html) = http_get(addr, "/debug").await;
+    assert_eq!(code, 200);
+    assert!(
+        html.contains("ztunnel~10.244.1.2~ztunnel-x7k2p.istio-system"),
+        "{html}"
+    );
+    assert!(html.contains("/debug/ambientz"));
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn logging_changes_the_filter_at_runtime() {
+    use std::sync::{Arc, Mutex};
+    let set = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = set.clone();
+    let mut config = ambientd::config::Config::local(example());
+    config.log_filter = Some(ambientd::debug::LogControl::new(move |level| {
+        if level.contains('!') {
+            return Err("not a log level".into());
+        }
+        seen.lock().unwrap().push(level.to_string());
+        Ok(())
+    }));
+    let running = ambientd::app::start(config).await.unwrap();
+    let (code, _) = http_get(running.debug_address, "/logging?level=ambientd=debug").await;
+    assert_eq!(code, 200);
+    let (code, _) = http_get(running.debug_address, "/logging?level=bad!").await;
+    assert_eq!(code, 400);
+    let (code, _) = http_get(running.debug_address, "/logging").await;
+    assert_eq!(code, 400);
+    assert_eq!(*set.lock().unwrap(), vec!["ambientd=debug"]);
+    running.stop().await;
+}
