@@ -80,14 +80,32 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let metrics = Arc::new(Metrics::new());
     let registry = Arc::new(Registry::default());
 
+    let mut debug_authenticators = None;
     let xds_tls_address = match &config.ca {
         Some(ca) => {
             let pods = Arc::new(crate::ca::SnapshotPods::new(snapshots.clone()));
             let ads =
                 AdsServer::new(snapshots.clone(), registry.clone(), metrics.clone()).into_service();
+            let ca = crate::ca::CaConfig {
+                metrics: metrics.clone(),
+                ..ca.clone()
+            };
+            // In a cluster, tokens the local keys cannot validate go to the API server.
+            let mut extra: Vec<Arc<dyn crate::ca::Authenticator>> = Vec::new();
+            if let OpenedSource::Cluster(cluster) = &source {
+                let reviewer =
+                    crate::kube::token_review::TokenReviewer::new(cluster.client().clone())
+                        .with_audiences(ca.audiences.clone());
+                extra.push(Arc::new(crate::ca::TokenReviewAuthenticator::new(
+                    Arc::new(reviewer),
+                    &config.settings.trust_domain,
+                )));
+            }
             let server =
-                crate::ca::start(ca, &config.settings, ads, pods, shutdown.clone()).await?;
+                crate::ca::start_with(&ca, &config.settings, ads, pods, extra, shutdown.clone())
+                    .await?;
             let address = server.address;
+            debug_authenticators = Some(server.state.authenticators.clone());
             tasks.spawn(async move { server.serve().await.context("CA and xDS TLS server") });
             Some(address)
         }
@@ -134,6 +152,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         metrics: metrics.clone(),
         settings: config.settings.clone(),
         log_filter: config.log_filter.clone(),
+        authenticators: debug_authenticators,
     });
     let stop = shutdown.clone();
     tasks.spawn(async move {

@@ -205,6 +205,21 @@ async fn ztunnel_settings_sync_delta_ads_and_get_a_certificate() {
         .unwrap_err();
     assert_eq!(status.code(), Code::Unauthenticated);
     assert!(!status.message().contains("node"), "{}", status.message());
+
+    // The CA's metrics moved: two CSRs, one certificate, one authentication failure.
+    let (code, metrics) = support::http_get(cluster.running.debug_address, "/metrics").await;
+    assert_eq!(code, 200);
+    for (series, value) in [
+        ("citadel_server_csr_count_total", "2"),
+        ("citadel_server_success_cert_issuance_count_total", "1"),
+        ("citadel_server_authentication_failure_count_total", "1"),
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == format!("{series} {value}")),
+            "{series} {value} in\n{metrics}"
+        );
+    }
+    assert!(metrics.contains("citadel_server_root_cert_expiry_timestamp "));
     cluster.running.stop().await;
 }
 

@@ -5,7 +5,7 @@ mod kube_support;
 
 use std::time::Duration;
 
-use ambientd::kube::token_review::{ReviewError, ReviewTokens, TokenReviewer};
+use ambientd::kube::token_review::{ReviewError, ReviewTokens, TokenReviewer, fetch_oidc};
 use kube_support::FakeApiServer;
 use serde_json::json;
 
@@ -103,4 +103,18 @@ async fn rejections_are_cached_briefly_and_outages_not_at_all() {
         reviewer.review("good").await.is_ok(),
         "an outage is not cached"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_issuer_and_keys_come_from_oidc_discovery() {
+    let server = FakeApiServer::start().await;
+    server.set_jwks(json!({"keys": [{
+        "kty": "EC", "crv": "P-256", "kid": "k1", "use": "sig", "alg": "ES256",
+        "x": "MKBCTNIcKUSDii11ySs3526iDZ8AiTo7Tu6KPAqv7D4",
+        "y": "4Etl6SRW2YiLUrN5vfvVHuhp7x8PxltmWWlbbM4IFyM"
+    }]}));
+    let (issuer, keys) = fetch_oidc(&server.client()).await.expect("discovery");
+    assert_eq!(issuer, "https://kubernetes.default.svc.cluster.local");
+    assert_eq!(keys.keys.len(), 1);
+    assert_eq!(keys.keys[0].common.key_id.as_deref(), Some("k1"));
 }

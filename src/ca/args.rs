@@ -123,6 +123,7 @@ impl CaArgs {
                 default: self.default_cert_ttl,
                 max: self.max_cert_ttl,
             },
+            metrics: Default::default(),
         })
     }
 }

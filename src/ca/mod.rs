@@ -44,11 +44,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::discovery::Settings;
+use crate::metrics::Metrics;
 use crate::pb::xds::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 use crate::push::AdsServer;
 
 pub use args::CaArgs;
-pub use authn::{Authenticator, Authenticators, JwtAuthenticator};
+pub use authn::{
+    AuthContext, Authenticator, Authenticators, JwtAuthenticator, TokenReviewAuthenticator,
+};
 pub use authorize::{Caller, Policy};
 pub use identity::SpiffeId;
 pub use pods::{PodIndex, PodInfo, SnapshotPods, StaticPods};
@@ -80,6 +83,8 @@ pub struct CaConfig {
     /// Accounts allowed to impersonate (`ImpersonatedIdentity`).
     pub trusted_node_accounts: Vec<(String, String)>,
     pub ttl: TtlPolicy,
+    /// Where the `citadel_server_*` metrics go; the app shares its registry here.
+    pub metrics: Arc<Metrics>,
 }
 
 impl CaConfig {
@@ -94,6 +99,7 @@ impl CaConfig {
             audiences: vec![token::DEFAULT_AUDIENCE.into()],
             trusted_node_accounts: vec![("istio-system".into(), "ztunnel".into())],
             ttl: TtlPolicy::default(),
+            metrics: Arc::default(),
         }
     }
 
@@ -193,7 +199,9 @@ pub async fn start_with(
         },
         ttl: config.ttl,
         pods,
+        metrics: config.metrics.clone(),
     });
+    state.record_root_expiry();
     let listener = TcpListener::bind(config.xds_tls_address)
         .await
         .map_err(|source| CaError::Bind {
@@ -352,6 +360,7 @@ impl Maintenance {
                 let bundle = loaded.signer.root_bundle().to_string();
                 self.fingerprint = loaded.fingerprint;
                 self.state.signer.store(Arc::new(loaded.signer));
+                self.state.record_root_expiry();
                 info!(dir = %dir.display(), "reloaded the plugged-in CA");
                 self.renew_serving(now);
                 // Last, so a client that sees the new root finds a server that uses it.

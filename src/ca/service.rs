@@ -45,9 +45,17 @@ pub struct CaState {
     pub policy: Policy,
     pub ttl: TtlPolicy,
     pub pods: Arc<dyn PodIndex>,
+    /// `citadel_server_*` counters.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl CaState {
+    /// Publishes the current CA's expiry as `citadel_server_root_cert_expiry_timestamp`.
+    pub fn record_root_expiry(&self) {
+        let expiry = self.signer.load().not_after().unix_timestamp();
+        self.metrics.root_expiry.set(expiry as f64);
+    }
+
     /// Authenticates a request from its metadata and TLS client certificate.
     pub async fn authenticate(
         &self,
@@ -102,6 +110,7 @@ impl IstioCertificateService for CertificateService {
     ) -> Result<Response<IstioCertificateResponse>, Status> {
         let state = &self.state;
         let peer = peer(request.extensions());
+        state.metrics.csr_count.inc();
         let caller = match state
             .authenticate(request.metadata(), request.extensions())
             .await
@@ -109,6 +118,7 @@ impl IstioCertificateService for CertificateService {
             Ok(caller) => caller,
             Err(reason) => {
                 warn!(%peer, %reason, "CSR refused: authentication failed");
+                state.metrics.auth_failures.inc();
                 return Err(Status::unauthenticated("request authenticate failure"));
             }
         };
@@ -133,6 +143,7 @@ impl IstioCertificateService for CertificateService {
             Ok(identity) => identity,
             Err(refusal) => {
                 warn!(%peer, caller = %caller.identity, method = %caller.method, requested = impersonate, reason = %refusal, "CSR refused");
+                state.metrics.auth_failures.inc();
                 return Err(Status::unauthenticated(
                     "request impersonation authentication failure",
                 ));
@@ -148,6 +159,7 @@ impl IstioCertificateService for CertificateService {
             .sign_workload(&csr, &identity, ttl, time::OffsetDateTime::now_utc())
             .map_err(status)?;
         debug!(%peer, caller = %caller.identity, %identity, ttl = ttl.as_secs(), "signed a workload certificate");
+        state.metrics.certs_issued.inc();
         Ok(Response::new(IstioCertificateResponse {
             cert_chain: chain,
         }))

@@ -2,9 +2,9 @@
 //! metrics, and never mutates the mesh.
 //!
 //! Open to everyone: `/ready` (200 once the first snapshot is built, 503 before), `/version`,
-//! `/metrics`. Open on loopback only: `/debug/*` and `/logging` (istiod also lets
-//! authenticated root-namespace callers in; until the CA's authenticators back this server,
-//! other callers get 403).
+//! `/metrics`. `/debug/*` and `/logging` are open on loopback; other callers must present a
+//! token (or, through a proxy, nothing else) that the CA's authenticators accept for an
+//! identity in the root namespace, as istiod requires.
 
 mod explain;
 mod logging;
@@ -37,6 +37,8 @@ pub struct DebugState {
     pub metrics: Arc<Metrics>,
     pub settings: Settings,
     pub log_filter: Option<LogControl>,
+    /// The CA's authenticators, for callers that are not on loopback; `None` without a CA.
+    pub authenticators: Option<crate::ca::Authenticators>,
 }
 
 /// Every endpoint, as listed by `/debug/list`.
@@ -69,7 +71,7 @@ pub fn router(state: DebugState) -> Router {
         .route("/debug/ambientz", get(views::ambientz))
         .route("/debug/authorize", get(explain::authorize))
         .route("/logging", get(logging_level).post(logging_level))
-        .route_layer(middleware::from_fn(loopback_only));
+        .route_layer(middleware::from_fn_with_state(state.clone(), guard));
     Router::new()
         .route("/ready", get(ready))
         .route("/version", get(version))
@@ -78,20 +80,46 @@ pub fn router(state: DebugState) -> Router {
         .with_state(state)
 }
 
-async fn loopback_only(request: Request, next: Next) -> Response {
+/// Loopback callers pass; others need an identity in the root namespace.
+async fn guard(State(state): State<DebugState>, request: Request, next: Next) -> Response {
     let peer = request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.ip());
     match peer {
-        Some(ip) if ip.is_loopback() => next.run(request).await,
         // Without connect info (a router used in-process) there is no remote caller.
-        None => next.run(request).await,
-        Some(_) => (
+        None => return next.run(request).await,
+        Some(ip) if ip.is_loopback() => return next.run(request).await,
+        Some(_) => {}
+    }
+    let Some(authenticators) = &state.authenticators else {
+        return (
             StatusCode::FORBIDDEN,
-            "debug endpoints are only served to loopback callers\n",
+            "debug endpoints are served to loopback callers only (no CA to authenticate others)\n",
         )
-            .into_response(),
+            .into_response();
+    };
+    let metadata = tonic::metadata::MetadataMap::from_headers(request.headers().clone());
+    let context = crate::ca::AuthContext {
+        metadata: &metadata,
+        peer_certs: None,
+    };
+    match authenticators.authenticate(&context).await {
+        Ok(caller) if caller.identity.namespace == state.settings.system_namespace => {
+            next.run(request).await
+        }
+        Ok(caller) => {
+            tracing::warn!(caller = %caller.identity, "debug request refused: not in the root namespace");
+            (
+                StatusCode::FORBIDDEN,
+                "debug endpoints need an identity in the root namespace\n",
+            )
+                .into_response()
+        }
+        Err(failure) => {
+            tracing::warn!(reason = %failure, "debug request refused: authentication failed");
+            (StatusCode::UNAUTHORIZED, "authentication required\n").into_response()
+        }
     }
 }
 
@@ -164,7 +192,73 @@ mod tests {
             metrics: Arc::new(Metrics::new()),
             settings: Settings::default(),
             log_filter: None,
+            authenticators: None,
         }
+    }
+
+    /// Requests from a non-loopback peer need a root-namespace identity.
+    #[tokio::test]
+    async fn remote_debug_callers_need_a_root_namespace_identity() {
+        use crate::ca::token::{LocalKey, Subject, local_claims};
+        use axum::body::Body;
+        use tower::ServiceExt;
+
+        let dir = tempfile::tempdir().unwrap();
+        let key = LocalKey::load_or_create(dir.path()).unwrap();
+        let jwt = crate::ca::JwtAuthenticator::new("cluster.local", vec!["istio-ca".into()], &key);
+        let mint = |namespace: &str| {
+            let subject = Subject {
+                namespace: namespace.into(),
+                service_account: "admin".into(),
+                pod: None,
+                node: None,
+            };
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs();
+            key.mint(&local_claims(
+                &subject,
+                &["istio-ca".into()],
+                now,
+                std::time::Duration::from_secs(600),
+            ))
+            .unwrap()
+        };
+        let (_publish, snapshots) = tokio::sync::watch::channel(None);
+        let mut state = state(snapshots);
+        state.authenticators = Some(crate::ca::Authenticators::new(vec![Arc::new(jwt)]));
+        let app = router(state);
+        let call = |peer: [u8; 4], token: Option<String>| {
+            let mut request = axum::http::Request::get("/debug/list");
+            if let Some(token) = token {
+                request = request.header("authorization", format!("Bearer {token}"));
+            }
+            let mut request = request.body(Body::empty()).unwrap();
+            request
+                .extensions_mut()
+                .insert(ConnectInfo(SocketAddr::from((peer, 40000))));
+            let app = app.clone();
+            async move { app.oneshot(request).await.unwrap().status() }
+        };
+        assert_eq!(call([127, 0, 0, 1], None).await, StatusCode::OK);
+        assert_eq!(call([10, 1, 2, 3], None).await, StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            call([10, 1, 2, 3], Some(mint("demo"))).await,
+            StatusCode::FORBIDDEN
+        );
+        assert_eq!(
+            call([10, 1, 2, 3], Some(mint("istio-system"))).await,
+            StatusCode::OK
+        );
+        // /metrics stays open.
+        let request = axum::http::Request::get("/metrics")
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(
+            app.clone().oneshot(request).await.unwrap().status(),
+            StatusCode::OK
+        );
     }
 
     #[tokio::test]

@@ -9,6 +9,8 @@
 //! Results are cached by the token's SHA-256 for a short time (never past the token's own
 //! `exp`), so a proxy's burst of CSRs costs one round trip. Rejections are cached for less;
 //! API errors are not cached at all.
+//!
+//! [`fetch_oidc`] reads the cluster's issuer and JWKS instead, for local validation.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -173,6 +175,33 @@ impl ReviewTokens for TokenReviewer {
     async fn review(&self, token: &str) -> Result<ReviewedToken, ReviewError> {
         TokenReviewer::review(self, token).await
     }
+}
+
+/// The API server's service-account token issuer and signing keys, from its OIDC discovery
+/// endpoints (`/.well-known/openid-configuration`, `/openid/v1/jwks`), for validating tokens
+/// locally (no round trip per token). Needs the `system:service-account-issuer-discovery`
+/// ClusterRole, which Kubernetes grants to authenticated users by default.
+pub async fn fetch_oidc(
+    client: &kube::Client,
+) -> Result<(String, jsonwebtoken::jwk::JwkSet), ReviewError> {
+    #[derive(serde::Deserialize)]
+    struct Discovery {
+        issuer: String,
+    }
+    let get = |path: &str| {
+        axum::http::Request::get(path)
+            .body(Vec::new())
+            .map_err(|e| ReviewError::Unavailable(e.to_string()))
+    };
+    let discovery: Discovery = client
+        .request(get("/.well-known/openid-configuration")?)
+        .await
+        .map_err(|e| ReviewError::Unavailable(format!("OIDC discovery: {e}")))?;
+    let keys: jsonwebtoken::jwk::JwkSet = client
+        .request(get("/openid/v1/jwks")?)
+        .await
+        .map_err(|e| ReviewError::Unavailable(format!("JWKS: {e}")))?;
+    Ok((discovery.issuer, keys))
 }
 
 /// What a TokenReview status means for us (istiod's `ValidateK8sJwt`, plus the audience check

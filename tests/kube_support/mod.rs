@@ -8,14 +8,14 @@
 //! Like the real API server, list items carry no `apiVersion`/`kind`; watch events do.
 #![allow(dead_code)]
 
+mod http;
+mod net;
+
 use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
@@ -24,12 +24,11 @@ use axum::extract::{Query, State};
 use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tokio_util::sync::CancellationToken;
 
 /// Fields a field selector may name (the API server supports a few per kind, too).
 const SELECTABLE: [&str; 4] = [
@@ -153,6 +152,7 @@ struct FakeState {
     requests: Vec<String>,
     tokens: HashMap<String, Value>,
     token_reviews: usize,
+    jwks: Option<Value>,
 }
 
 struct Shared {
@@ -201,6 +201,7 @@ impl FakeApiServer {
                 requests: Vec::new(),
                 tokens: HashMap::new(),
                 token_reviews: 0,
+                jwks: None,
             }),
             changes,
             watch_kill: Mutex::new(CancellationToken::new()),
@@ -221,10 +222,10 @@ impl FakeApiServer {
     fn serve(&self, listener: TcpListener) {
         let kill = self.shared.conn_kill.lock().unwrap().clone();
         let router = Router::new()
-            .fallback(handle)
+            .fallback(http::handle)
             .with_state(self.shared.clone());
         let task = tokio::spawn(async move {
-            let _ = axum::serve(KillableListener { listener, kill }, router).await;
+            let _ = axum::serve(net::KillableListener { listener, kill }, router).await;
         });
         *self.serving.lock().unwrap() = Some(task);
     }
@@ -477,6 +478,11 @@ impl FakeApiServer {
         self.shared.lock().tokens.insert(token.into(), status);
     }
 
+    /// What `/openid/v1/jwks` serves.
+    pub fn set_jwks(&self, jwks: Value) {
+        self.shared.lock().jwks = Some(jwks);
+    }
+
     pub fn token_reviews(&self) -> usize {
         self.shared.lock().token_reviews
     }
@@ -493,475 +499,4 @@ fn fields_of(object: &Value) -> Fields {
             (*path, value.as_str().unwrap_or_default().to_string())
         })
         .collect()
-}
-
-/// `path=value`, `path==value` and `path!=value`, joined by commas.
-struct FieldSelector(Vec<(&'static str, bool, String)>);
-
-impl FieldSelector {
-    fn parse(text: Option<&String>) -> Result<Self, String> {
-        let mut terms = Vec::new();
-        for term in text.map(String::as_str).unwrap_or("").split(',') {
-            if term.is_empty() {
-                continue;
-            }
-            let (path, negate, value) = if let Some((p, v)) = term.split_once("!=") {
-                (p, true, v)
-            } else if let Some((p, v)) = term.split_once("==") {
-                (p, false, v)
-            } else if let Some((p, v)) = term.split_once('=') {
-                (p, false, v)
-            } else {
-                return Err(format!("invalid field selector {term:?}"));
-            };
-            let path = SELECTABLE
-                .iter()
-                .find(|s| **s == path)
-                .ok_or_else(|| format!("field label not supported: {path}"))?;
-            terms.push((*path, negate, value.to_string()));
-        }
-        Ok(FieldSelector(terms))
-    }
-
-    fn matches(&self, fields: &Fields) -> bool {
-        self.0.iter().all(|(path, negate, value)| {
-            let actual = fields.get(path).map(String::as_str).unwrap_or("");
-            (actual == value) != *negate
-        })
-    }
-}
-
-fn status(code: u16, reason: &str, message: &str) -> Value {
-    json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {},
-        "status": "Failure", "message": message, "reason": reason, "code": code
-    })
-}
-
-fn error_response(code: u16, reason: &str, message: &str) -> Response {
-    let status_code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (
-        status_code,
-        [("content-type", "application/json")],
-        status(code, reason, message).to_string(),
-    )
-        .into_response()
-}
-
-struct Target {
-    resource: usize,
-    namespace: Option<String>,
-}
-
-/// The resource and namespace a path names, if the fake serves it (else 404).
-fn route(state: &FakeState, path: &str) -> Option<Target> {
-    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let (api_version, rest) = match parts.as_slice() {
-        ["api", version, rest @ ..] => (version.to_string(), rest),
-        ["apis", group, version, rest @ ..] => (format!("{group}/{version}"), rest),
-        _ => return None,
-    };
-    let (namespace, plural) = match rest {
-        [plural] => (None, *plural),
-        ["namespaces", namespace, plural] => (Some(namespace.to_string()), *plural),
-        _ => return None,
-    };
-    let resource = state
-        .resources
-        .iter()
-        .position(|r| r.api_version == api_version && r.plural == plural && r.served)?;
-    Some(Target {
-        resource,
-        namespace,
-    })
-}
-
-fn not_found() -> Response {
-    error_response(
-        404,
-        "NotFound",
-        "the server could not find the requested resource",
-    )
-}
-
-async fn handle(
-    State(shared): State<Arc<Shared>>,
-    method: Method,
-    uri: Uri,
-    body: Bytes,
-) -> Response {
-    let query: HashMap<String, String> = Query::try_from_uri(&uri)
-        .map(|Query(q)| q)
-        .unwrap_or_default();
-    shared.lock().requests.push(format!(
-        "{method} {}",
-        uri.path_and_query().map(|p| p.as_str()).unwrap_or("")
-    ));
-    if method == Method::POST && uri.path() == "/apis/authentication.k8s.io/v1/tokenreviews" {
-        return token_review(&shared, &body);
-    }
-    if method != Method::GET {
-        return error_response(405, "MethodNotAllowed", "the fake only lists and watches");
-    }
-    let selector = match FieldSelector::parse(query.get("fieldSelector")) {
-        Ok(selector) => selector,
-        Err(message) => return error_response(400, "BadRequest", &message),
-    };
-    let watching = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
-    if watching {
-        let mut hold = shared.hold.subscribe();
-        let _ = hold.wait_for(|held| !held).await;
-        watch(&shared, &uri, &query, selector)
-    } else {
-        list(&shared, &uri, &query, &selector)
-    }
-}
-
-fn list(
-    shared: &Shared,
-    uri: &Uri,
-    query: &HashMap<String, String>,
-    selector: &FieldSelector,
-) -> Response {
-    let mut state = shared.lock();
-    let Some(target) = route(&state, uri.path()) else {
-        return not_found();
-    };
-    let resource = state.resources[target.resource].clone();
-    let mut pages = match query.get("continue").filter(|c| !c.is_empty()) {
-        Some(token) => match state.pages.remove(token) {
-            Some(pages) => pages,
-            None => return error_response(410, "Expired", "the continue token has expired"),
-        },
-        None => Pages {
-            rv: state.rv,
-            items: state.objects[target.resource]
-                .values()
-                .filter(|s| {
-                    target
-                        .namespace
-                        .as_ref()
-                        .is_none_or(|ns| s.fields["metadata.namespace"] == *ns)
-                })
-                .filter(|s| selector.matches(&s.fields))
-                .map(|s| s.item.clone())
-                .collect(),
-        },
-    };
-    let limit = query
-        .get("limit")
-        .and_then(|l| l.parse::<usize>().ok())
-        .filter(|l| *l > 0)
-        .unwrap_or(usize::MAX);
-    let page: Vec<Bytes> = pages.items.drain(..limit.min(pages.items.len())).collect();
-    let rest = std::mem::take(&mut pages.items);
-    let mut continue_token = String::new();
-    if !rest.is_empty() {
-        state.next_page += 1;
-        continue_token = format!("page-{}", state.next_page);
-        state.pages.insert(
-            continue_token.clone(),
-            Pages {
-                rv: pages.rv,
-                items: rest,
-            },
-        );
-    }
-    drop(state);
-    let mut body = Vec::with_capacity(page.iter().map(|i| i.len() + 1).sum::<usize>() + 256);
-    body.extend_from_slice(
-        format!(
-            "{{\"apiVersion\":\"{}\",\"kind\":\"{}List\",\"metadata\":{{\"resourceVersion\":\"{}\",\"continue\":\"{}\"}},\"items\":[",
-            resource.api_version, resource.kind, pages.rv, continue_token
-        )
-        .as_bytes(),
-    );
-    for (i, item) in page.iter().enumerate() {
-        if i > 0 {
-            body.push(b',');
-        }
-        body.extend_from_slice(item);
-    }
-    body.extend_from_slice(b"]}");
-    ([("content-type", "application/json")], body).into_response()
-}
-
-fn event_line(resource: &Resource, change: &str, item: &[u8]) -> Bytes {
-    let inner = &item[1..item.len() - 1];
-    let mut line = Vec::with_capacity(item.len() + 128);
-    line.extend_from_slice(
-        format!(
-            "{{\"type\":\"{change}\",\"object\":{{\"apiVersion\":\"{}\",\"kind\":\"{}\"",
-            resource.api_version, resource.kind
-        )
-        .as_bytes(),
-    );
-    if !inner.is_empty() {
-        line.push(b',');
-        line.extend_from_slice(inner);
-    }
-    line.extend_from_slice(b"}}\n");
-    Bytes::from(line)
-}
-
-/// What a watcher with this selector sees of a change, as the API server translates it.
-fn translate(change: &Change, selector: &FieldSelector) -> Option<&'static str> {
-    let now = selector.matches(&change.fields);
-    let before = change
-        .old_fields
-        .as_ref()
-        .is_some_and(|f| selector.matches(f));
-    match change.change {
-        ChangeType::Added => now.then_some("ADDED"),
-        ChangeType::Deleted => before.then_some("DELETED"),
-        ChangeType::Modified => match (before, now) {
-            (true, true) => Some("MODIFIED"),
-            (false, true) => Some("ADDED"),
-            (true, false) => Some("DELETED"),
-            (false, false) => None,
-        },
-    }
-}
-
-fn watch(
-    shared: &Arc<Shared>,
-    uri: &Uri,
-    query: &HashMap<String, String>,
-    selector: FieldSelector,
-) -> Response {
-    let state = shared.lock();
-    let Some(target) = route(&state, uri.path()) else {
-        return not_found();
-    };
-    let resource = state.resources[target.resource].clone();
-    let bookmarks = query.get("allowWatchBookmarks").map(String::as_str) == Some("true");
-    let timeout = query
-        .get("timeoutSeconds")
-        .and_then(|t| t.parse().ok())
-        .map(Duration::from_secs)
-        .unwrap_or(Duration::from_secs(1800));
-    let from: u64 = query
-        .get("resourceVersion")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let (tx, rx) = mpsc::channel::<Result<Bytes, io::Error>>(256);
-    let in_scope = {
-        let namespace = target.namespace.clone();
-        move |change: &Change| namespace.as_ref().is_none_or(|ns| change.namespace == *ns)
-    };
-    // What the watch replays first: (event type, item), serialised only as it is sent.
-    let mut backlog: Vec<(&'static str, Bytes)> = Vec::new();
-    let gone = from != 0 && from < state.floor;
-    if gone {
-        let status = status(410, "Expired", &format!("too old resource version: {from}"));
-        backlog.push(("ERROR", Bytes::from(status.to_string())));
-    } else if from == 0 {
-        for stored in state.objects[target.resource].values() {
-            if selector.matches(&stored.fields)
-                && target
-                    .namespace
-                    .as_ref()
-                    .is_none_or(|ns| stored.fields["metadata.namespace"] == *ns)
-            {
-                backlog.push(("ADDED", stored.item.clone()));
-            }
-        }
-    } else {
-        for change in &state.log {
-            if change.rv > from
-                && change.resource == target.resource
-                && in_scope(change)
-                && let Some(kind) = translate(change, &selector)
-            {
-                backlog.push((kind, change.item.clone()));
-            }
-        }
-    }
-    let mut changes = shared.changes.subscribe();
-    let kill = shared.watch_kill.lock().unwrap().clone();
-    drop(state);
-    let resource_index = target.resource;
-    tokio::spawn(async move {
-        for (kind, item) in backlog {
-            let line = if kind == "ERROR" {
-                Bytes::from(format!(
-                    "{{\"type\":\"ERROR\",\"object\":{}}}\n",
-                    String::from_utf8_lossy(&item)
-                ))
-            } else {
-                event_line(&resource, kind, &item)
-            };
-            if tx.send(Ok(line)).await.is_err() {
-                return;
-            }
-        }
-        if gone {
-            return;
-        }
-        let deadline = tokio::time::sleep(timeout);
-        tokio::pin!(deadline);
-        loop {
-            let message = tokio::select! {
-                _ = kill.cancelled() => {
-                    let _ = tx.send(Err(io::Error::new(io::ErrorKind::ConnectionReset, "dropped"))).await;
-                    return;
-                }
-                _ = &mut deadline => return,
-                message = changes.recv() => message,
-            };
-            let line = match message {
-                Ok(Broadcast::Change(change)) => {
-                    if change.resource != resource_index || !in_scope(&change) {
-                        continue;
-                    }
-                    let Some(kind) = translate(&change, &selector) else {
-                        continue;
-                    };
-                    event_line(&resource, kind, &change.item)
-                }
-                Ok(Broadcast::Bookmark(rv)) => {
-                    if !bookmarks {
-                        continue;
-                    }
-                    Bytes::from(format!(
-                        "{}\n",
-                        json!({"type": "BOOKMARK", "object": {
-                            "apiVersion": resource.api_version, "kind": resource.kind,
-                            "metadata": {"resourceVersion": rv.to_string()}
-                        }})
-                    ))
-                }
-                Err(broadcast::error::RecvError::Lagged(_)) => {
-                    // Too slow: the API server would close it with 410 too.
-                    let status = status(410, "Expired", "watcher fell behind");
-                    let _ = tx
-                        .send(Ok(Bytes::from(format!(
-                            "{}\n",
-                            json!({"type": "ERROR", "object": status})
-                        ))))
-                        .await;
-                    return;
-                }
-                Err(broadcast::error::RecvError::Closed) => return,
-            };
-            if tx.send(Ok(line)).await.is_err() {
-                return;
-            }
-        }
-    });
-    (
-        [("content-type", "application/json")],
-        Body::from_stream(ReceiverStream::new(rx)),
-    )
-        .into_response()
-}
-
-fn token_review(shared: &Shared, body: &[u8]) -> Response {
-    let request: Value = match serde_json::from_slice(body) {
-        Ok(v) => v,
-        Err(e) => return error_response(400, "BadRequest", &e.to_string()),
-    };
-    let token = request["spec"]["token"].as_str().unwrap_or_default();
-    let mut state = shared.lock();
-    state.token_reviews += 1;
-    let status = state
-        .tokens
-        .get(token)
-        .cloned()
-        .unwrap_or_else(|| json!({"authenticated": false, "error": "invalid bearer token"}));
-    let answer = json!({
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
-        "metadata": {"creationTimestamp": null},
-        "spec": request["spec"],
-        "status": status,
-    });
-    (
-        StatusCode::CREATED,
-        [("content-type", "application/json")],
-        answer.to_string(),
-    )
-        .into_response()
-}
-
-/// A listener whose connections all fail at once when `kill` fires.
-struct KillableListener {
-    listener: TcpListener,
-    kill: CancellationToken,
-}
-
-impl axum::serve::Listener for KillableListener {
-    type Io = KillableStream;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            if let Ok((stream, addr)) = self.listener.accept().await {
-                let _ = stream.set_nodelay(true);
-                return (
-                    KillableStream {
-                        inner: stream,
-                        token: self.kill.clone(),
-                        kill: Box::pin(self.kill.clone().cancelled_owned()),
-                    },
-                    addr,
-                );
-            }
-        }
-    }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        self.listener.local_addr()
-    }
-}
-
-struct KillableStream {
-    inner: TcpStream,
-    token: CancellationToken,
-    kill: Pin<Box<WaitForCancellationFutureOwned>>,
-}
-
-impl KillableStream {
-    fn killed(&mut self, cx: &mut Context<'_>) -> bool {
-        self.token.is_cancelled() || self.kill.as_mut().poll(cx).is_ready()
-    }
-}
-
-fn reset() -> io::Error {
-    io::Error::new(io::ErrorKind::ConnectionReset, "fake API server outage")
-}
-
-impl AsyncRead for KillableStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if this.killed(cx) {
-            return Poll::Ready(Err(reset()));
-        }
-        Pin::new(&mut this.inner).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for KillableStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        if this.killed(cx) {
-            return Poll::Ready(Err(reset()));
-        }
-        Pin::new(&mut this.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
 }

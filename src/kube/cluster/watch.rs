@@ -174,7 +174,7 @@ impl KindWatch {
             config = config.fields(fields);
         }
         let (backoff, last_delay) = Recorded::new(self.retry);
-        let stream = watcher(api, config).backoff(backoff);
+        let stream = kube::runtime::watcher(api, config).backoff(backoff);
         let mut settled_at: Option<Instant> = None;
         let mut stream = pin!(stream);
         let mut listing: Option<Vec<Object>> = None;
@@ -384,13 +384,6 @@ impl KindWatch {
         self.streamed = true;
         self.send(Event::Reset(kind, Vec::new())).await && self.listed().await
     }
-}
-
-fn watcher(
-    api: Api<WatchedObject>,
-    config: watcher::Config,
-) -> impl futures::Stream<Item = Result<WatchEvent<WatchedObject>, watcher::Error>> + Send {
-    kube::runtime::watcher(api, config)
 }
 
 /// A 404 on list: the resource is not served.

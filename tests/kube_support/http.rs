@@ -1,0 +1,408 @@
+//! The fake's HTTP side: routing, list, watch and TokenReview.
+
+use super::*;
+
+/// `path=value`, `path==value` and `path!=value`, joined by commas.
+struct FieldSelector(Vec<(&'static str, bool, String)>);
+
+impl FieldSelector {
+    fn parse(text: Option<&String>) -> Result<Self, String> {
+        let mut terms = Vec::new();
+        for term in text.map(String::as_str).unwrap_or("").split(',') {
+            if term.is_empty() {
+                continue;
+            }
+            let (path, negate, value) = if let Some((p, v)) = term.split_once("!=") {
+                (p, true, v)
+            } else if let Some((p, v)) = term.split_once("==") {
+                (p, false, v)
+            } else if let Some((p, v)) = term.split_once('=') {
+                (p, false, v)
+            } else {
+                return Err(format!("invalid field selector {term:?}"));
+            };
+            let path = SELECTABLE
+                .iter()
+                .find(|s| **s == path)
+                .ok_or_else(|| format!("field label not supported: {path}"))?;
+            terms.push((*path, negate, value.to_string()));
+        }
+        Ok(FieldSelector(terms))
+    }
+
+    fn matches(&self, fields: &Fields) -> bool {
+        self.0.iter().all(|(path, negate, value)| {
+            let actual = fields.get(path).map(String::as_str).unwrap_or("");
+            (actual == value) != *negate
+        })
+    }
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Value {
+    json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": message, "reason": reason, "code": code
+    })
+}
+
+fn error_response(code: u16, reason: &str, message: &str) -> Response {
+    let status_code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (
+        status_code,
+        [("content-type", "application/json")],
+        status(code, reason, message).to_string(),
+    )
+        .into_response()
+}
+
+struct Target {
+    resource: usize,
+    namespace: Option<String>,
+}
+
+/// The resource and namespace a path names, if the fake serves it (else 404).
+fn route(state: &FakeState, path: &str) -> Option<Target> {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (api_version, rest) = match parts.as_slice() {
+        ["api", version, rest @ ..] => (version.to_string(), rest),
+        ["apis", group, version, rest @ ..] => (format!("{group}/{version}"), rest),
+        _ => return None,
+    };
+    let (namespace, plural) = match rest {
+        [plural] => (None, *plural),
+        ["namespaces", namespace, plural] => (Some(namespace.to_string()), *plural),
+        _ => return None,
+    };
+    let resource = state
+        .resources
+        .iter()
+        .position(|r| r.api_version == api_version && r.plural == plural && r.served)?;
+    Some(Target {
+        resource,
+        namespace,
+    })
+}
+
+fn not_found() -> Response {
+    error_response(
+        404,
+        "NotFound",
+        "the server could not find the requested resource",
+    )
+}
+
+pub(super) async fn handle(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    body: Bytes,
+) -> Response {
+    let query: HashMap<String, String> = Query::try_from_uri(&uri)
+        .map(|Query(q)| q)
+        .unwrap_or_default();
+    shared.lock().requests.push(format!(
+        "{method} {}",
+        uri.path_and_query().map(|p| p.as_str()).unwrap_or("")
+    ));
+    if method == Method::POST && uri.path() == "/apis/authentication.k8s.io/v1/tokenreviews" {
+        return token_review(&shared, &body);
+    }
+    if uri.path() == "/.well-known/openid-configuration" {
+        let body = json!({"issuer": "https://kubernetes.default.svc.cluster.local",
+                          "jwks_uri": "https://127.0.0.1/openid/v1/jwks"});
+        return ([("content-type", "application/json")], body.to_string()).into_response();
+    }
+    if uri.path() == "/openid/v1/jwks" {
+        let jwks = shared
+            .lock()
+            .jwks
+            .clone()
+            .unwrap_or_else(|| json!({"keys": []}));
+        return (
+            [("content-type", "application/jwk-set+json")],
+            jwks.to_string(),
+        )
+            .into_response();
+    }
+    if method != Method::GET {
+        return error_response(405, "MethodNotAllowed", "the fake only lists and watches");
+    }
+    let selector = match FieldSelector::parse(query.get("fieldSelector")) {
+        Ok(selector) => selector,
+        Err(message) => return error_response(400, "BadRequest", &message),
+    };
+    let watching = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+    if watching {
+        let mut hold = shared.hold.subscribe();
+        let _ = hold.wait_for(|held| !held).await;
+        watch(&shared, &uri, &query, selector)
+    } else {
+        list(&shared, &uri, &query, &selector)
+    }
+}
+
+fn list(
+    shared: &Shared,
+    uri: &Uri,
+    query: &HashMap<String, String>,
+    selector: &FieldSelector,
+) -> Response {
+    let mut state = shared.lock();
+    let Some(target) = route(&state, uri.path()) else {
+        return not_found();
+    };
+    let resource = state.resources[target.resource].clone();
+    let mut pages = match query.get("continue").filter(|c| !c.is_empty()) {
+        Some(token) => match state.pages.remove(token) {
+            Some(pages) => pages,
+            None => return error_response(410, "Expired", "the continue token has expired"),
+        },
+        None => Pages {
+            rv: state.rv,
+            items: state.objects[target.resource]
+                .values()
+                .filter(|s| {
+                    target
+                        .namespace
+                        .as_ref()
+                        .is_none_or(|ns| s.fields["metadata.namespace"] == *ns)
+                })
+                .filter(|s| selector.matches(&s.fields))
+                .map(|s| s.item.clone())
+                .collect(),
+        },
+    };
+    let limit = query
+        .get("limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .filter(|l| *l > 0)
+        .unwrap_or(usize::MAX);
+    let page: Vec<Bytes> = pages.items.drain(..limit.min(pages.items.len())).collect();
+    let rest = std::mem::take(&mut pages.items);
+    let mut continue_token = String::new();
+    if !rest.is_empty() {
+        state.next_page += 1;
+        continue_token = format!("page-{}", state.next_page);
+        state.pages.insert(
+            continue_token.clone(),
+            Pages {
+                rv: pages.rv,
+                items: rest,
+            },
+        );
+    }
+    drop(state);
+    let mut body = Vec::with_capacity(page.iter().map(|i| i.len() + 1).sum::<usize>() + 256);
+    body.extend_from_slice(
+        format!(
+            "{{\"apiVersion\":\"{}\",\"kind\":\"{}List\",\"metadata\":{{\"resourceVersion\":\"{}\",\"continue\":\"{}\"}},\"items\":[",
+            resource.api_version, resource.kind, pages.rv, continue_token
+        )
+        .as_bytes(),
+    );
+    for (i, item) in page.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(item);
+    }
+    body.extend_from_slice(b"]}");
+    ([("content-type", "application/json")], body).into_response()
+}
+
+fn event_line(resource: &Resource, change: &str, item: &[u8]) -> Bytes {
+    let inner = &item[1..item.len() - 1];
+    let mut line = Vec::with_capacity(item.len() + 128);
+    line.extend_from_slice(
+        format!(
+            "{{\"type\":\"{change}\",\"object\":{{\"apiVersion\":\"{}\",\"kind\":\"{}\"",
+            resource.api_version, resource.kind
+        )
+        .as_bytes(),
+    );
+    if !inner.is_empty() {
+        line.push(b',');
+        line.extend_from_slice(inner);
+    }
+    line.extend_from_slice(b"}}\n");
+    Bytes::from(line)
+}
+
+/// What a watcher with this selector sees of a change, as the API server translates it.
+fn translate(change: &Change, selector: &FieldSelector) -> Option<&'static str> {
+    let now = selector.matches(&change.fields);
+    let before = change
+        .old_fields
+        .as_ref()
+        .is_some_and(|f| selector.matches(f));
+    match change.change {
+        ChangeType::Added => now.then_some("ADDED"),
+        ChangeType::Deleted => before.then_some("DELETED"),
+        ChangeType::Modified => match (before, now) {
+            (true, true) => Some("MODIFIED"),
+            (false, true) => Some("ADDED"),
+            (true, false) => Some("DELETED"),
+            (false, false) => None,
+        },
+    }
+}
+
+fn watch(
+    shared: &Arc<Shared>,
+    uri: &Uri,
+    query: &HashMap<String, String>,
+    selector: FieldSelector,
+) -> Response {
+    let state = shared.lock();
+    let Some(target) = route(&state, uri.path()) else {
+        return not_found();
+    };
+    let resource = state.resources[target.resource].clone();
+    let bookmarks = query.get("allowWatchBookmarks").map(String::as_str) == Some("true");
+    let timeout = query
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(Duration::from_secs(1800));
+    let from: u64 = query
+        .get("resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let (tx, rx) = mpsc::channel::<Result<Bytes, io::Error>>(256);
+    let in_scope = {
+        let namespace = target.namespace.clone();
+        move |change: &Change| namespace.as_ref().is_none_or(|ns| change.namespace == *ns)
+    };
+    // What the watch replays first: (event type, item), serialised only as it is sent.
+    let mut backlog: Vec<(&'static str, Bytes)> = Vec::new();
+    let gone = from != 0 && from < state.floor;
+    if gone {
+        let status = status(410, "Expired", &format!("too old resource version: {from}"));
+        backlog.push(("ERROR", Bytes::from(status.to_string())));
+    } else if from == 0 {
+        for stored in state.objects[target.resource].values() {
+            if selector.matches(&stored.fields)
+                && target
+                    .namespace
+                    .as_ref()
+                    .is_none_or(|ns| stored.fields["metadata.namespace"] == *ns)
+            {
+                backlog.push(("ADDED", stored.item.clone()));
+            }
+        }
+    } else {
+        for change in &state.log {
+            if change.rv > from
+                && change.resource == target.resource
+                && in_scope(change)
+                && let Some(kind) = translate(change, &selector)
+            {
+                backlog.push((kind, change.item.clone()));
+            }
+        }
+    }
+    let mut changes = shared.changes.subscribe();
+    let kill = shared.watch_kill.lock().unwrap().clone();
+    drop(state);
+    let resource_index = target.resource;
+    tokio::spawn(async move {
+        for (kind, item) in backlog {
+            let line = if kind == "ERROR" {
+                Bytes::from(format!(
+                    "{{\"type\":\"ERROR\",\"object\":{}}}\n",
+                    String::from_utf8_lossy(&item)
+                ))
+            } else {
+                event_line(&resource, kind, &item)
+            };
+            if tx.send(Ok(line)).await.is_err() {
+                return;
+            }
+        }
+        if gone {
+            return;
+        }
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        loop {
+            let message = tokio::select! {
+                _ = kill.cancelled() => {
+                    let _ = tx.send(Err(io::Error::new(io::ErrorKind::ConnectionReset, "dropped"))).await;
+                    return;
+                }
+                _ = &mut deadline => return,
+                message = changes.recv() => message,
+            };
+            let line = match message {
+                Ok(Broadcast::Change(change)) => {
+                    if change.resource != resource_index || !in_scope(&change) {
+                        continue;
+                    }
+                    let Some(kind) = translate(&change, &selector) else {
+                        continue;
+                    };
+                    event_line(&resource, kind, &change.item)
+                }
+                Ok(Broadcast::Bookmark(rv)) => {
+                    if !bookmarks {
+                        continue;
+                    }
+                    Bytes::from(format!(
+                        "{}\n",
+                        json!({"type": "BOOKMARK", "object": {
+                            "apiVersion": resource.api_version, "kind": resource.kind,
+                            "metadata": {"resourceVersion": rv.to_string()}
+                        }})
+                    ))
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    // Too slow: the API server would close it with 410 too.
+                    let status = status(410, "Expired", "watcher fell behind");
+                    let _ = tx
+                        .send(Ok(Bytes::from(format!(
+                            "{}\n",
+                            json!({"type": "ERROR", "object": status})
+                        ))))
+                        .await;
+                    return;
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            };
+            if tx.send(Ok(line)).await.is_err() {
+                return;
+            }
+        }
+    });
+    (
+        [("content-type", "application/json")],
+        Body::from_stream(ReceiverStream::new(rx)),
+    )
+        .into_response()
+}
+
+fn token_review(shared: &Shared, body: &[u8]) -> Response {
+    let request: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return error_response(400, "BadRequest", &e.to_string()),
+    };
+    let token = request["spec"]["token"].as_str().unwrap_or_default();
+    let mut state = shared.lock();
+    state.token_reviews += 1;
+    let status = state
+        .tokens
+        .get(token)
+        .cloned()
+        .unwrap_or_else(|| json!({"authenticated": false, "error": "invalid bearer token"}));
+    let answer = json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+        "metadata": {"creationTimestamp": null},
+        "spec": request["spec"],
+        "status": status,
+    });
+    (
+        StatusCode::CREATED,
+        [("content-type", "application/json")],
+        answer.to_string(),
+    )
+        .into_response()
+}
