@@ -188,6 +188,7 @@ pub struct Pod {
     pub namespace: String,
     pub generate_name: String,
     pub labels: Labels,
+    /// Only the annotations the conversion reads (sources drop the rest).
     pub annotations: Labels,
     pub owner: Option<Owner>,
     /// `metadata.deletionTimestamp` is set.

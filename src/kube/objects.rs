@@ -20,6 +20,9 @@ use crate::discovery::model::{
 };
 use crate::kube::{mesh, security};
 
+/// The pod annotations the conversion reads; others are dropped on decode to save memory.
+const POD_ANNOTATIONS: &[&str] = &["ambient.istio.io/redirection"];
+
 /// Why one object could not be used. It names the object and the field.
 #[derive(Debug, thiserror::Error)]
 #[error("{kind} {name}: {reason}")]
@@ -332,7 +335,14 @@ impl RawPod {
             namespace: self.metadata.namespace(),
             generate_name: self.metadata.generate_name,
             labels: self.metadata.labels,
-            annotations: self.metadata.annotations,
+            // Pods carry large annotations (sidecar status, checksums); keep only what the
+            // conversion reads.
+            annotations: self
+                .metadata
+                .annotations
+                .into_iter()
+                .filter(|(k, _)| POD_ANNOTATIONS.contains(&k.as_str()))
+                .collect(),
             owner,
             terminating: self
                 .metadata
