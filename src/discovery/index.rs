@@ -16,7 +16,8 @@ use std::sync::Arc;
 use crate::discovery::authorization::{PolicyStatus, REVISION_LABEL};
 use crate::discovery::model::{Event, Kind, Object, ObjectRef, selects};
 use crate::discovery::names::{
-    ADDRESS_TYPE, AUTHORIZATION_TYPE, TypeKind, network_address_key, pod_uid, service_key,
+    ADDRESS_TYPE, AUTHORIZATION_TYPE, TypeKind, network_address_key, pod_uid, service_hostname,
+    service_key,
 };
 use crate::discovery::snapshot::{
     Changes, HISTORY, PersistentMap, Resource, ResourceMap, Snapshot,
@@ -170,8 +171,10 @@ impl Index {
                 self.pod_uids.insert(name, pod.uid.clone());
             }
         }
-        self.store.insert(object.clone(), &self.settings);
+        // The new object's dependants do not depend on it being stored yet, so it can be moved
+        // into the store without a copy.
         self.dependants(&object, &mut targets);
+        self.store.insert(object, &self.settings);
         self.after_change(&reference, &network_before, &mut targets);
         self.rebuild(targets)
     }
@@ -492,10 +495,10 @@ impl Index {
                         targets.insert(Target::Slice(slice_key));
                     }
                 }
-                let hosts = self
-                    .store
-                    .claimed_hostnames(&ServiceRef::Kube(key.clone()), &self.settings);
-                self.hostname_rivals(&hosts, targets);
+                if !svc.external_name {
+                    let host = service_hostname(&svc.name, &svc.namespace, &self.settings.domain);
+                    self.hostname_rivals(&[host], targets);
+                }
             }
             Object::AuthorizationPolicy(policy) => {
                 targets.insert(Target::Policy(key));
