@@ -375,6 +375,33 @@ impl Index {
         all
     }
 
+    /// Workloads a WORKLOAD_SELECTOR policy in `namespace` may list: pods and WorkloadEntries
+    /// by their labels, ServiceEntry endpoints by the entry's labels; every namespace when the
+    /// policy is in the root namespace.
+    fn policy_selected(
+        &self,
+        namespace: &str,
+        selector: &crate::discovery::model::Labels,
+        targets: &mut BTreeSet<Target>,
+    ) {
+        let namespaces: Vec<String> = if namespace == self.settings.system_namespace {
+            self.store.members.keys().cloned().collect()
+        } else {
+            vec![namespace.to_string()]
+        };
+        for ns in &namespaces {
+            self.selected_workloads(ns, selector, targets);
+            for se in self.store.service_entries_in(ns) {
+                if selects(selector, &se.labels) {
+                    targets.insert(Target::EntryWorkloads((
+                        se.namespace.clone(),
+                        se.name.clone(),
+                    )));
+                }
+            }
+        }
+    }
+
     /// Every workload (pods, WorkloadEntries, ServiceEntry endpoints) of a namespace, or of
     /// every namespace when it is the root namespace: the ones a policy there may reach.
     fn policy_scope(&self, namespace: &str, targets: &mut BTreeSet<Target>) {
@@ -502,9 +529,11 @@ impl Index {
             }
             Object::AuthorizationPolicy(policy) => {
                 targets.insert(Target::Policy(key));
-                // Workloads whose reference list may change: those its selector reaches.
-                if policy.selector.as_ref().is_some_and(|s| !s.is_empty()) {
-                    self.policy_scope(&policy.namespace, targets);
+                // Workloads whose reference list may change: those its selector picks, in its
+                // namespace (every namespace for the root namespace). Called for the old and
+                // the new policy, so workloads that leave and join are both covered.
+                if let Some(selector) = policy.selector.as_ref().filter(|s| !s.is_empty()) {
+                    self.policy_selected(&policy.namespace, selector, targets);
                 }
             }
             Object::PeerAuthentication(pa) => {
