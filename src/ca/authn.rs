@@ -398,19 +398,28 @@ impl Authenticator for JwtAuthenticator {
     }
 
     async fn authenticate(&self, ctx: &AuthContext<'_>) -> Result<Option<Caller>, String> {
-        let Some(value) = ctx.metadata.get("authorization") else {
-            return Ok(None);
-        };
-        let value = value
-            .to_str()
-            .map_err(|_| "authorization header is not text".to_string())?;
-        let token = value
-            .strip_prefix("Bearer ")
-            .or_else(|| value.strip_prefix("bearer "))
-            .ok_or("authorization header is not a Bearer token")?
-            .trim();
-        self.validate(token).map(Some)
+        match bearer_token(ctx)? {
+            Some(token) => self.validate(token).map(Some),
+            None => Ok(None),
+        }
     }
+}
+
+/// The `authorization: Bearer <token>` of a request: `None` without the header, an error when
+/// it is not a bearer token.
+fn bearer_token<'a>(ctx: &AuthContext<'a>) -> Result<Option<&'a str>, String> {
+    let Some(value) = ctx.metadata.get("authorization") else {
+        return Ok(None);
+    };
+    let value = value
+        .to_str()
+        .map_err(|_| "authorization header is not text".to_string())?;
+    let token = value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))
+        .ok_or("authorization header is not a Bearer token")?
+        .trim();
+    Ok(Some(token))
 }
 
 /// A Kubernetes service-account token checked by the API server (TokenReview, audience
@@ -439,17 +448,9 @@ impl Authenticator for TokenReviewAuthenticator {
     }
 
     async fn authenticate(&self, ctx: &AuthContext<'_>) -> Result<Option<Caller>, String> {
-        let Some(value) = ctx.metadata.get("authorization") else {
+        let Some(token) = bearer_token(ctx)? else {
             return Ok(None);
         };
-        let value = value
-            .to_str()
-            .map_err(|_| "authorization header is not text".to_string())?;
-        let token = value
-            .strip_prefix("Bearer ")
-            .or_else(|| value.strip_prefix("bearer "))
-            .ok_or("authorization header is not a Bearer token")?
-            .trim();
         // Any error (rejected, or the API server unreachable) fails closed.
         let reviewed = self
             .reviewer
