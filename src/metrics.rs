@@ -290,7 +290,7 @@ impl Metrics {
         self.started.elapsed().unwrap_or_default()
     }
 
-    /// The OpenMetrics text exposition.
+    /// The Prometheus text exposition (format 0.0.4), with istiod's exact names.
     pub fn encode(&self) -> String {
         if let Some(rss) = resident_memory_bytes() {
             self.resident_memory.set(rss as i64);
@@ -298,7 +298,63 @@ impl Metrics {
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = encode(&mut out, &self.registry);
-        out
+        prometheus_text(&out)
+    }
+}
+
+/// The content type of [`Metrics::encode`].
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Turns prometheus-client's OpenMetrics text into the Prometheus text format istiod serves:
+/// counters keep their registered names (`pilot_xds_pushes`, not `pilot_xds_pushes_total`), so
+/// dashboards and alerts written for istiod work unchanged; `# UNIT` and `# EOF` go.
+fn prometheus_text(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len());
+    let mut counter: Option<String> = None;
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            counter = rest
+                .strip_suffix(" counter")
+                .map(|name| format!("{name}_total"));
+        } else if !line.starts_with('#')
+            && let Some(total) = &counter
+            && let Some(rest) = line.strip_prefix(total.as_str())
+            && (rest.starts_with('{') || rest.starts_with(' '))
+        {
+            out.push_str(&total[..total.len() - "_total".len()]);
+            out.push_str(rest);
+            out.push('\n');
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_keep_istiods_names() {
+        let metrics = Metrics::new();
+        metrics.record_push(TypeKind::Address, Duration::from_millis(1), 100);
+        metrics.csr_count.inc();
+        let text = metrics.encode();
+        assert!(text.contains("# TYPE pilot_xds_pushes counter\n"), "{text}");
+        assert!(
+            text.contains("pilot_xds_pushes{type=\"wds\"} 1\n"),
+            "{text}"
+        );
+        assert!(text.contains("citadel_server_csr_count 1\n"), "{text}");
+        assert!(!text.contains("_total"), "{text}");
+        assert!(!text.contains("# EOF"));
+        // Histograms keep their series.
+        assert!(text.contains("pilot_xds_push_time_bucket{"), "{text}");
     }
 }
 

@@ -210,9 +210,9 @@ async fn ztunnel_settings_sync_delta_ads_and_get_a_certificate() {
     let (code, metrics) = support::http_get(cluster.running.debug_address, "/metrics").await;
     assert_eq!(code, 200);
     for (series, value) in [
-        ("citadel_server_csr_count_total", "2"),
-        ("citadel_server_success_cert_issuance_count_total", "1"),
-        ("citadel_server_authentication_failure_count_total", "1"),
+        ("citadel_server_csr_count", "2"),
+        ("citadel_server_success_cert_issuance_count", "1"),
+        ("citadel_server_authentication_failure_count", "1"),
     ] {
         assert!(
             metrics.lines().any(|l| l == format!("{series} {value}")),

@@ -140,10 +140,7 @@ async fn version() -> String {
 
 async fn metrics(State(state): State<DebugState>) -> impl IntoResponse {
     (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
         state.metrics.encode(),
     )
 }
