@@ -335,6 +335,13 @@ fn prometheus_text(openmetrics: &str) -> String {
     out
 }
 
+/// Resident set size from `/proc/self/statm`, where there is one.
+pub fn resident_memory_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,11 +363,4 @@ mod tests {
         // Histograms keep their series.
         assert!(text.contains("pilot_xds_push_time_bucket{"), "{text}");
     }
-}
-
-/// Resident set size from `/proc/self/statm`, where there is one.
-pub fn resident_memory_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(pages * 4096)
 }
