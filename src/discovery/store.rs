@@ -92,14 +92,6 @@ impl Store {
         self.members.get(namespace)
     }
 
-    /// Kubernetes Services of one namespace, in name order.
-    pub fn services_in<'a>(&'a self, namespace: &'a str) -> impl Iterator<Item = &'a Service> + 'a {
-        self.members(namespace)
-            .into_iter()
-            .flat_map(|m| m.services.iter())
-            .filter_map(move |name| self.services.get(&key(namespace, name)))
-    }
-
     /// ServiceEntries of one namespace, in name order.
     pub fn service_entries_in<'a>(
         &'a self,
