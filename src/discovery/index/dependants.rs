@@ -1,0 +1,300 @@
+//! Which targets an object change affects: its dependants, computed against the store before
+//! and after the change, plus the waypoints and network that many objects read.
+
+use std::collections::BTreeSet;
+
+use crate::discovery::index::{Index, Target};
+use crate::discovery::model::{Kind, Object, ObjectRef, selects};
+use crate::discovery::names::service_hostname;
+use crate::discovery::store::{Key, ServiceRef, slice_pods};
+use crate::discovery::waypoint::Waypoint;
+
+impl Index {
+    /// Waypoints and the network, which many objects read: recompute them after a change and
+    /// add the readers of whatever changed.
+    pub(super) fn after_change(
+        &mut self,
+        reference: &ObjectRef,
+        network_before: &str,
+        targets: &mut BTreeSet<Target>,
+    ) {
+        let network_changed = self.store.network(&self.settings) != network_before;
+        let gateways: Vec<Key> = match reference.kind {
+            _ if network_changed => self.store.gateways.keys().cloned().collect(),
+            Kind::Gateway => vec![(reference.namespace.clone(), reference.name.clone())],
+            Kind::GatewayClass => self
+                .store
+                .gateways
+                .iter()
+                .filter(|(_, g)| g.class_name == reference.name)
+                .map(|(k, _)| k.clone())
+                .collect(),
+            _ => Vec::new(),
+        };
+        for key in gateways {
+            let network = self.store.network(&self.settings);
+            let waypoint = self.store.gateways.get(&key).and_then(|gw| {
+                Waypoint::from_gateway(gw, self.store.gateway_classes.get(&gw.class_name), network)
+            });
+            if self.store.waypoints.get(&key) == waypoint.as_ref() {
+                continue;
+            }
+            match waypoint {
+                Some(w) => self.store.waypoints.insert(key.clone(), w),
+                None => self.store.waypoints.remove(&key),
+            };
+            if let Some(readers) = self.waypoint_readers.get(&key) {
+                targets.extend(readers.iter().cloned());
+            }
+        }
+        if network_changed {
+            targets.extend(self.all_targets());
+        }
+    }
+
+    pub(super) fn all_targets(&self) -> Vec<Target> {
+        let s = &self.store;
+        let mut all: Vec<Target> = Vec::new();
+        all.extend(s.pods.keys().cloned().map(Target::Pod));
+        all.extend(s.services.keys().cloned().map(Target::KubeService));
+        all.extend(s.service_entries.keys().cloned().map(Target::EntryServices));
+        all.extend(
+            s.service_entries
+                .keys()
+                .cloned()
+                .map(Target::EntryWorkloads),
+        );
+        all.extend(
+            s.workload_entries
+                .keys()
+                .cloned()
+                .map(Target::WorkloadEntry),
+        );
+        all.extend(s.slices.keys().cloned().map(Target::Slice));
+        all.extend(s.policies.keys().cloned().map(Target::Policy));
+        all.extend(
+            s.peer_authentications
+                .keys()
+                .cloned()
+                .map(Target::PeerAuthentication),
+        );
+        all.push(Target::StaticStrict);
+        all
+    }
+
+    /// Workloads a WORKLOAD_SELECTOR policy in `namespace` may list: pods and WorkloadEntries
+    /// by their labels, ServiceEntry endpoints by the entry's labels; every namespace when the
+    /// policy is in the root namespace.
+    pub(super) fn policy_selected(
+        &self,
+        namespace: &str,
+        selector: &crate::discovery::model::Labels,
+        targets: &mut BTreeSet<Target>,
+    ) {
+        let namespaces: Vec<String> = if namespace == self.settings.system_namespace {
+            self.store.members.keys().cloned().collect()
+        } else {
+            vec![namespace.to_string()]
+        };
+        for ns in &namespaces {
+            self.selected_workloads(ns, selector, targets);
+            for se in self.store.service_entries_in(ns) {
+                if selects(selector, &se.labels) {
+                    targets.insert(Target::EntryWorkloads((
+                        se.namespace.clone(),
+                        se.name.clone(),
+                    )));
+                }
+            }
+        }
+    }
+
+    /// Every workload (pods, WorkloadEntries, ServiceEntry endpoints) of a namespace, or of
+    /// every namespace when it is the root namespace: the ones a policy there may reach.
+    pub(super) fn policy_scope(&self, namespace: &str, targets: &mut BTreeSet<Target>) {
+        let namespaces: Vec<String> = if namespace == self.settings.system_namespace {
+            self.store.members.keys().cloned().collect()
+        } else {
+            vec![namespace.to_string()]
+        };
+        for ns in namespaces {
+            let Some(m) = self.store.members(&ns) else {
+                continue;
+            };
+            let key = |name: &String| (ns.clone(), name.clone());
+            targets.extend(m.pods.iter().map(key).map(Target::Pod));
+            targets.extend(
+                m.workload_entries
+                    .iter()
+                    .map(key)
+                    .map(Target::WorkloadEntry),
+            );
+            targets.extend(
+                m.service_entries
+                    .iter()
+                    .map(key)
+                    .map(Target::EntryWorkloads),
+            );
+        }
+    }
+
+    /// Every target in a namespace.
+    pub(super) fn namespace_targets(&self, namespace: &str, targets: &mut BTreeSet<Target>) {
+        let Some(m) = self.store.members(namespace) else {
+            return;
+        };
+        let key = |name: &String| (namespace.to_string(), name.clone());
+        targets.extend(m.pods.iter().map(key).map(Target::Pod));
+        targets.extend(m.services.iter().map(key).map(Target::KubeService));
+        targets.extend(m.service_entries.iter().map(key).map(Target::EntryServices));
+        targets.extend(
+            m.service_entries
+                .iter()
+                .map(key)
+                .map(Target::EntryWorkloads),
+        );
+        targets.extend(
+            m.workload_entries
+                .iter()
+                .map(key)
+                .map(Target::WorkloadEntry),
+        );
+        targets.extend(m.slices.iter().map(key).map(Target::Slice));
+        targets.extend(m.policies.iter().map(key).map(Target::Policy));
+        targets.extend(
+            m.peer_authentications
+                .iter()
+                .map(key)
+                .map(Target::PeerAuthentication),
+        );
+    }
+
+    /// Pods and WorkloadEntries of `namespace` that `selector` picks.
+    pub(super) fn selected_workloads(
+        &self,
+        namespace: &str,
+        selector: &crate::discovery::model::Labels,
+        targets: &mut BTreeSet<Target>,
+    ) {
+        for pod in self.store.pods_in(namespace) {
+            if selects(selector, &pod.labels) {
+                targets.insert(Target::Pod((pod.namespace.clone(), pod.name.clone())));
+            }
+        }
+        for we in self.store.workload_entries_in(namespace) {
+            if selects(selector, &we.labels) {
+                targets.insert(Target::WorkloadEntry((
+                    we.namespace.clone(),
+                    we.name.clone(),
+                )));
+            }
+        }
+    }
+
+    /// Everything built from `object`, or from other objects that read it, in the current
+    /// state of the store.
+    pub(super) fn dependants(&self, object: &Object, targets: &mut BTreeSet<Target>) {
+        let key = {
+            let r = object.object_ref();
+            (r.namespace, r.name)
+        };
+        match object {
+            Object::Namespace(ns) => self.namespace_targets(&ns.name, targets),
+            Object::Node(node) => {
+                if let Some(keys) = self.store.pods_by_node.get(&node.name) {
+                    targets.extend(keys.iter().cloned().map(Target::Pod));
+                }
+            }
+            // Waypoints are handled by `after_change`.
+            Object::Gateway(_) | Object::GatewayClass(_) => {}
+            Object::Pod(_) => {
+                targets.insert(Target::Pod(key));
+            }
+            Object::WorkloadEntry(_) => {
+                targets.insert(Target::WorkloadEntry(key));
+            }
+            Object::EndpointSlice(slice) => {
+                targets.insert(Target::Slice(key));
+                targets.extend(slice_pods(slice).into_iter().map(Target::Pod));
+            }
+            Object::Service(svc) => {
+                targets.insert(Target::KubeService(key.clone()));
+                self.selected_workloads(&svc.namespace, &svc.selector, targets);
+                if let Some(slices) = self.store.slices_by_service.get(&key) {
+                    for name in slices {
+                        let slice_key = (svc.namespace.clone(), name.clone());
+                        if let Some(slice) = self.store.slices.get(&slice_key) {
+                            targets.extend(slice_pods(slice).into_iter().map(Target::Pod));
+                        }
+                        targets.insert(Target::Slice(slice_key));
+                    }
+                }
+                if !svc.external_name {
+                    let host = service_hostname(&svc.name, &svc.namespace, &self.settings.domain);
+                    self.hostname_rivals(&[host], targets);
+                }
+            }
+            Object::AuthorizationPolicy(policy) => {
+                targets.insert(Target::Policy(key));
+                // Workloads whose reference list may change: those its selector picks, in its
+                // namespace (every namespace for the root namespace). Called for the old and
+                // the new policy, so workloads that leave and join are both covered.
+                if let Some(selector) = policy.selector.as_ref().filter(|s| !s.is_empty()) {
+                    self.policy_selected(&policy.namespace, selector, targets);
+                }
+            }
+            Object::PeerAuthentication(pa) => {
+                // Parents of other PAs' converted policies, the static policy, and references.
+                targets.insert(Target::StaticStrict);
+                let root = pa.namespace == self.settings.system_namespace;
+                let peers: Vec<Key> = if root {
+                    self.store.peer_authentications.keys().cloned().collect()
+                } else {
+                    self.store
+                        .peer_authentications_in(&pa.namespace)
+                        .map(|p| (p.namespace.clone(), p.name.clone()))
+                        .collect()
+                };
+                targets.extend(peers.into_iter().map(Target::PeerAuthentication));
+                targets.insert(Target::PeerAuthentication(key));
+                self.policy_scope(&pa.namespace, targets);
+            }
+            Object::ServiceEntry(se) => {
+                targets.insert(Target::EntryServices(key.clone()));
+                targets.insert(Target::EntryWorkloads(key));
+                if let Some(selector) = &se.workload_selector {
+                    self.selected_workloads(&se.namespace, selector, targets);
+                }
+                self.hostname_rivals(&se.hosts, targets);
+            }
+        }
+    }
+
+    /// Objects claiming the same hostnames: who wins, and who is canonical, may change.
+    pub(super) fn hostname_rivals(&self, hosts: &[String], targets: &mut BTreeSet<Target>) {
+        for host in hosts {
+            let Some(claimants) = self.store.hostnames.get(host) else {
+                continue;
+            };
+            for (_, claimant) in claimants {
+                match claimant {
+                    ServiceRef::Kube(k) => {
+                        targets.insert(Target::KubeService(k.clone()));
+                    }
+                    ServiceRef::Entry(k) => {
+                        targets.insert(Target::EntryServices(k.clone()));
+                        targets.insert(Target::EntryWorkloads(k.clone()));
+                        if let Some(selector) = self
+                            .store
+                            .service_entries
+                            .get(k)
+                            .and_then(|se| se.workload_selector.as_ref())
+                        {
+                            self.selected_workloads(&k.0, selector, targets);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,446 @@
+//! The index: stored objects, their dependants, and the encoded resources built from them.
+//!
+//! Every mutation works the same way: find the resources the change can affect (its
+//! dependants, computed against the state before and after), store the new object, rebuild
+//! exactly those resources, and record a change only for those whose bytes differ from before.
+//! Waypoint dependencies are recorded as builders read them, so a waypoint change re-evaluates
+//! exactly the objects that looked it up. A relist ([`Index::reset`]) is the truth: objects
+//! missing from it are deleted, whatever deletes were missed.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use foldhash::{HashMap, HashMapExt, HashSet};
+
+use crate::discovery::authorization::{PolicyStatus, REVISION_LABEL};
+use crate::discovery::model::{Event, Kind, Object, ObjectRef};
+use crate::discovery::names::{TypeKind, pod_uid};
+use crate::discovery::snapshot::{
+    Changes, HISTORY, PersistentMap, Resource, ResourceMap, Snapshot,
+};
+use crate::discovery::store::{Key, Store};
+
+pub use crate::discovery::store::NETWORK_LABEL;
+
+mod build;
+mod dependants;
+
+/// Mesh-wide settings the conversion reads.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// `Workload.cluster_id` and the prefix of workload uids (istiod's `CLUSTER_ID`).
+    pub cluster_id: String,
+    pub trust_domain: String,
+    /// The cluster domain suffix of Service hostnames.
+    pub domain: String,
+    /// Its `topology.istio.io/network` label names the local network; also the root namespace.
+    pub system_namespace: String,
+    /// istiod's revision: Istio config objects labelled `istio.io/rev` with another value are
+    /// ignored; unlabelled ones are taken when this is `default`.
+    pub revision: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            cluster_id: "Kubernetes".into(),
+            trust_domain: "cluster.local".into(),
+            domain: "cluster.local".into(),
+            system_namespace: "istio-system".into(),
+            revision: "default".into(),
+        }
+    }
+}
+
+impl Settings {
+    /// The trust domain as sent: `cluster.local` goes out empty (ztunnel's default).
+    pub fn wire_trust_domain(&self) -> &str {
+        if self.trust_domain == "cluster.local" {
+            ""
+        } else {
+            &self.trust_domain
+        }
+    }
+}
+
+/// A unit of rebuilding: one object and every resource it produces.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Target {
+    KubeService(Key),
+    EntryServices(Key),
+    Pod(Key),
+    WorkloadEntry(Key),
+    EntryWorkloads(Key),
+    Slice(Key),
+    Policy(Key),
+    PeerAuthentication(Key),
+    StaticStrict,
+}
+
+/// Applies events and keeps every resource built and encoded. One owner; readers get snapshots.
+#[derive(Debug)]
+pub struct Index {
+    settings: Settings,
+    store: Store,
+    addresses: ResourceMap,
+    authorizations: ResourceMap,
+    aliases: PersistentMap<String, imbl::OrdSet<String>>,
+    members: PersistentMap<String, imbl::OrdSet<String>>,
+    /// Resource names each target produced last time.
+    produced: HashMap<Target, BTreeSet<(TypeKind, String)>>,
+    /// The target that produced each resource name.
+    owners: HashMap<(TypeKind, String), Target>,
+    /// `ZtunnelAccepted` status of each AuthorizationPolicy, by `ns/name`.
+    policy_status: PersistentMap<String, PolicyStatus>,
+    /// Waypoint -> targets that looked it up, and the reverse.
+    waypoint_readers: HashMap<Key, HashSet<Target>>,
+    target_reads: HashMap<Target, Vec<Key>>,
+    generation: u64,
+    history: imbl::Vector<(u64, Arc<Changes>)>,
+    unpublished: Changes,
+    service_count: usize,
+    pod_uids: PersistentMap<String, String>,
+}
+
+impl Index {
+    pub fn new(settings: Settings) -> Self {
+        Index {
+            settings,
+            store: Store::default(),
+            addresses: ResourceMap::default(),
+            authorizations: ResourceMap::default(),
+            aliases: PersistentMap::default(),
+            members: PersistentMap::default(),
+            produced: HashMap::new(),
+            owners: HashMap::new(),
+            policy_status: PersistentMap::default(),
+            waypoint_readers: HashMap::new(),
+            target_reads: HashMap::new(),
+            generation: 0,
+            history: imbl::Vector::new(),
+            unpublished: Changes::default(),
+            service_count: 0,
+            pod_uids: PersistentMap::default(),
+        }
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The stored objects.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Applies one source event. `Synced` changes nothing here; the caller uses it for readiness.
+    pub fn handle(&mut self, event: Event) -> Changes {
+        match event {
+            Event::Apply(object) => self.apply(object),
+            Event::Delete(object) => self.delete(&object),
+            Event::Reset(kind, objects) => self.reset(kind, objects),
+            Event::Synced => Changes::default(),
+        }
+    }
+
+    /// Creates or replaces one object. An Istio config object of another revision counts as
+    /// absent.
+    pub fn apply(&mut self, object: Object) -> Changes {
+        if !self.accepted(&object) {
+            return self.delete(&object.object_ref());
+        }
+        if self.store.holds(&object) {
+            return Changes::default();
+        }
+        let reference = object.object_ref();
+        let mut targets = BTreeSet::new();
+        if let Some(old) = self.stored(&reference) {
+            self.dependants(&old, &mut targets);
+        }
+        let network_before = self.store.network(&self.settings).to_string();
+        if let Object::Pod(pod) = &object {
+            let name = pod_uid(&self.settings.cluster_id, &pod.namespace, &pod.name);
+            if pod.uid.is_empty() {
+                self.pod_uids.remove(&name);
+            } else if self.pod_uids.get(&name) != Some(&pod.uid) {
+                self.pod_uids.insert(name, pod.uid.clone());
+            }
+        }
+        // The new object's dependants do not depend on it being stored yet, so it can be moved
+        // into the store without a copy.
+        self.dependants(&object, &mut targets);
+        self.store.insert(object, &self.settings);
+        self.after_change(&reference, &network_before, &mut targets);
+        self.rebuild(targets)
+    }
+
+    /// Removes one object, if present.
+    pub fn delete(&mut self, reference: &ObjectRef) -> Changes {
+        let Some(old) = self.stored(reference) else {
+            return Changes::default();
+        };
+        let mut targets = BTreeSet::new();
+        self.dependants(&old, &mut targets);
+        let network_before = self.store.network(&self.settings).to_string();
+        if reference.kind == Kind::Pod {
+            let name = pod_uid(
+                &self.settings.cluster_id,
+                &reference.namespace,
+                &reference.name,
+            );
+            self.pod_uids.remove(&name);
+        }
+        self.store.remove(reference, &self.settings);
+        self.dependants(&old, &mut targets);
+        self.after_change(reference, &network_before, &mut targets);
+        self.rebuild(targets)
+    }
+
+    /// Replaces every object of `kind` with `objects`: the relist is the truth.
+    pub fn reset(&mut self, kind: Kind, objects: Vec<Object>) -> Changes {
+        let stale: Vec<ObjectRef> = if self.store.count(kind) == 0 {
+            Vec::new()
+        } else {
+            let keep: std::collections::HashSet<ObjectRef> =
+                objects.iter().map(Object::object_ref).collect();
+            self.store
+                .refs(kind)
+                .into_iter()
+                .filter(|r| !keep.contains(r))
+                .collect()
+        };
+        let mut changes = Changes::default();
+        for object in &stale {
+            changes.merge(&self.delete(object));
+        }
+        for object in objects.into_iter().filter(|o| o.kind() == kind) {
+            changes.merge(&self.apply(object));
+        }
+        changes
+    }
+
+    /// Publishes what changed since the last call as a new immutable snapshot.
+    pub fn snapshot(&mut self) -> Arc<Snapshot> {
+        let changes = std::mem::take(&mut self.unpublished);
+        self.generation += 1;
+        self.history.push_back((self.generation, Arc::new(changes)));
+        while self.history.len() > HISTORY {
+            self.history.pop_front();
+        }
+        Arc::new(Snapshot {
+            generation: self.generation,
+            addresses: self.addresses.clone(),
+            authorizations: self.authorizations.clone(),
+            aliases: self.aliases.clone(),
+            members: self.members.clone(),
+            history: self.history.clone(),
+            policy_status: self.policy_status.clone(),
+            pod_uids: self.pod_uids.clone(),
+            published_at: None,
+        })
+    }
+
+    /// How many Service resources (Kubernetes Services and ServiceEntry hosts) are served.
+    pub fn service_count(&self) -> usize {
+        self.service_count
+    }
+
+    /// Whether there are changes not yet published.
+    pub fn has_unpublished(&self) -> bool {
+        !self.unpublished.is_empty()
+    }
+
+    /// A copy of the stored object a reference names.
+    fn stored(&self, r: &ObjectRef) -> Option<Object> {
+        let k = (r.namespace.clone(), r.name.clone());
+        let s = &self.store;
+        match r.kind {
+            Kind::Namespace => s.namespaces.get(&r.name).cloned().map(Object::Namespace),
+            Kind::Node => s.nodes.get(&r.name).cloned().map(Object::Node),
+            Kind::GatewayClass => s
+                .gateway_classes
+                .get(&r.name)
+                .cloned()
+                .map(Object::GatewayClass),
+            Kind::Gateway => s.gateways.get(&k).cloned().map(Object::Gateway),
+            Kind::Pod => s.pods.get(&k).cloned().map(Object::Pod),
+            Kind::Service => s.services.get(&k).cloned().map(Object::Service),
+            Kind::ServiceEntry => s.service_entries.get(&k).cloned().map(Object::ServiceEntry),
+            Kind::WorkloadEntry => s
+                .workload_entries
+                .get(&k)
+                .cloned()
+                .map(Object::WorkloadEntry),
+            Kind::EndpointSlice => s.slices.get(&k).cloned().map(Object::EndpointSlice),
+            Kind::AuthorizationPolicy => {
+                s.policies.get(&k).cloned().map(Object::AuthorizationPolicy)
+            }
+            Kind::PeerAuthentication => s
+                .peer_authentications
+                .get(&k)
+                .cloned()
+                .map(Object::PeerAuthentication),
+        }
+    }
+
+    /// istiod's revision filter (`ObjectInRevision`) on the Istio config kinds.
+    fn accepted(&self, object: &Object) -> bool {
+        let revision = match object {
+            Object::AuthorizationPolicy(p) => p.revision.as_deref(),
+            Object::PeerAuthentication(p) => p.revision.as_deref(),
+            Object::ServiceEntry(se) => se.labels.get(REVISION_LABEL).map(String::as_str),
+            Object::WorkloadEntry(we) => we.labels.get(REVISION_LABEL).map(String::as_str),
+            _ => return true,
+        };
+        match revision {
+            None | Some("") => self.settings.revision == "default",
+            Some(revision) => revision == self.settings.revision,
+        }
+    }
+
+    fn rebuild(&mut self, targets: BTreeSet<Target>) -> Changes {
+        let mut changes = Changes::default();
+        let mut released: Vec<((TypeKind, String), Target)> = Vec::new();
+        for target in targets {
+            let mut reads = Vec::new();
+            let built = self.build(&target, &mut reads);
+            self.record_reads(&target, reads);
+            if let (Target::Policy(k), Some(status)) = (&target, built.status) {
+                let name = format!("{}/{}", k.0, k.1);
+                match status {
+                    Some(status) => self.policy_status.insert(name, status),
+                    None => self.policy_status.remove(&name),
+                };
+            }
+            let names: BTreeSet<(TypeKind, String)> = built
+                .resources
+                .iter()
+                .map(|(kind, r)| (*kind, r.name.clone()))
+                .collect();
+            let before = if names.is_empty() {
+                self.produced.remove(&target)
+            } else {
+                self.produced.insert(target.clone(), names.clone())
+            };
+            for name in before.unwrap_or_default().difference(&names) {
+                released.push((name.clone(), target.clone()));
+            }
+            for (kind, resource) in built.resources {
+                let name = resource.name.clone();
+                self.owners.insert((kind, name.clone()), target.clone());
+                self.set_resource(kind, &name, Some(resource), &mut changes);
+            }
+        }
+        // A name another target took over in this same step stays.
+        for (name, target) in released {
+            if self.owners.get(&name) == Some(&target) {
+                self.owners.remove(&name);
+                self.set_resource(name.0, &name.1, None, &mut changes);
+            }
+        }
+        self.unpublished.merge(&changes);
+        changes
+    }
+
+    fn record_reads(&mut self, target: &Target, reads: Vec<Key>) {
+        if let Some(old) = self.target_reads.remove(target) {
+            for key in old {
+                if let Some(readers) = self.waypoint_readers.get_mut(&key) {
+                    readers.remove(target);
+                    if readers.is_empty() {
+                        self.waypoint_readers.remove(&key);
+                    }
+                }
+            }
+        }
+        if reads.is_empty() {
+            return;
+        }
+        for key in &reads {
+            self.waypoint_readers
+                .entry(key.clone())
+                .or_default()
+                .insert(target.clone());
+        }
+        self.target_reads.insert(target.clone(), reads);
+    }
+
+    /// Stores (or removes) one resource and records a change only if the bytes differ.
+    fn set_resource(
+        &mut self,
+        kind: TypeKind,
+        name: &str,
+        new: Option<Resource>,
+        changes: &mut Changes,
+    ) {
+        if kind == TypeKind::Address {
+            return self.set_address(name, new, changes);
+        }
+        let old = self.authorizations.get(name);
+        if old.map(|r| &r.any) == new.as_ref().map(|r| &r.any) {
+            return;
+        }
+        let changes = changes.of_mut(kind);
+        match new {
+            Some(new) => {
+                self.authorizations.insert(name.to_string(), Arc::new(new));
+                changes.upsert(name);
+            }
+            None => {
+                self.authorizations.remove(name);
+                changes.remove(name);
+            }
+        }
+    }
+
+    /// Stores (or removes) one Address resource, keeping the alias and member indexes in step,
+    /// and records a change only if the bytes differ.
+    fn set_address(&mut self, name: &str, new: Option<Resource>, changes: &mut Changes) {
+        let old = self.addresses.get(name).cloned();
+        if old.as_ref().map(|r| &r.any) == new.as_ref().map(|r| &r.any) {
+            return;
+        }
+        if let Some(old) = &old {
+            self.service_count -= usize::from(old.is_service);
+            for alias in &old.aliases {
+                remove_from(&mut self.aliases, alias, name);
+            }
+            for svc in &old.services {
+                remove_from(&mut self.members, svc, name);
+            }
+        }
+        let changes = changes.of_mut(TypeKind::Address);
+        match new {
+            Some(new) => {
+                self.service_count += usize::from(new.is_service);
+                for alias in &new.aliases {
+                    self.aliases
+                        .entry(alias.clone())
+                        .or_default()
+                        .insert(name.to_string());
+                }
+                for svc in &new.services {
+                    self.members
+                        .entry(svc.clone())
+                        .or_default()
+                        .insert(name.to_string());
+                }
+                self.addresses.insert(name.to_string(), Arc::new(new));
+                changes.upsert(name);
+            }
+            None => {
+                self.addresses.remove(name);
+                changes.remove(name);
+            }
+        }
+    }
+}
+
+fn remove_from(map: &mut PersistentMap<String, imbl::OrdSet<String>>, key: &str, name: &str) {
+    if let Some(set) = map.get_mut(key) {
+        set.remove(name);
+        if set.is_empty() {
+            map.remove(key);
+        }
+    }
+}
