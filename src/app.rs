@@ -114,9 +114,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
 
     let index = Index::new(config.settings.clone());
     let index_metrics = metrics.clone();
+    let debounce = config.debounce;
     let stop = shutdown.clone();
     tasks.spawn(async move {
-        indexer::run(index, events_rx, publish, index_metrics, stop).await;
+        indexer::run(index, events_rx, publish, index_metrics, debounce, stop).await;
         Ok(())
     });
 

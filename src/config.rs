@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -114,6 +115,15 @@ pub struct ServeArgs {
     #[arg(long, env = "AMBIENTD_REVISION", default_value = "default", value_parser = non_empty)]
     pub revision: String,
 
+    /// Quiet period before a batch of changes is pushed (istiod's PILOT_DEBOUNCE_AFTER is
+    /// 100ms); `0` pushes as soon as queued events are applied.
+    #[arg(long, env = "AMBIENTD_DEBOUNCE_AFTER", default_value = "0", value_parser = short_duration)]
+    pub debounce_after: Duration,
+
+    /// Longest a change waits for the quiet period (istiod's PILOT_DEBOUNCE_MAX is 10s).
+    #[arg(long, env = "AMBIENTD_DEBOUNCE_MAX", default_value = "1s", value_parser = short_duration)]
+    pub debounce_max: Duration,
+
     /// Log filter: a level (info, debug, ...) or a tracing directive list (ambientd=debug,info).
     #[arg(long, env = "AMBIENTD_LOG_LEVEL", default_value = "info", value_parser = log_filter)]
     pub log_level: String,
@@ -151,6 +161,24 @@ fn dns_name(value: &str) -> Result<String, String> {
     }
 }
 
+/// `0`, `5ms`, `100ms`, `2s`.
+fn short_duration(value: &str) -> Result<Duration, String> {
+    let value = value.trim();
+    let (number, scale) = if let Some(ms) = value.strip_suffix("ms") {
+        (ms, 1)
+    } else if let Some(s) = value.strip_suffix('s') {
+        (s, 1000)
+    } else if value == "0" {
+        ("0", 1)
+    } else {
+        return Err(format!("{value:?} is not a duration such as 0, 5ms or 2s"));
+    };
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{value:?} is not a duration such as 0, 5ms or 2s"))?;
+    Ok(Duration::from_millis(number.saturating_mul(scale)))
+}
+
 fn log_filter(value: &str) -> Result<String, String> {
     tracing_subscriber::EnvFilter::builder()
         .parse(value)
@@ -178,6 +206,8 @@ pub struct Config {
     pub ca: Option<crate::ca::CaConfig>,
     /// Changes the log filter at runtime (`/logging`); `None` when logging is not ours.
     pub log_filter: Option<crate::debug::LogControl>,
+    /// Gathering of index changes into one push.
+    pub debounce: crate::push::Debounce,
 }
 
 impl Config {
@@ -191,6 +221,7 @@ impl Config {
             settings: Settings::default(),
             ca: None,
             log_filter: None,
+            debounce: crate::push::Debounce::default(),
         }
     }
 }
@@ -247,6 +278,10 @@ impl TryFrom<ServeArgs> for Config {
                 revision: args.revision,
             },
             log_filter: None,
+            debounce: crate::push::Debounce {
+                after: args.debounce_after,
+                max: args.debounce_max,
+            },
         })
     }
 }
@@ -286,6 +321,7 @@ mod tests {
             (&["--trust-domain", "bad domain"][..], "--trust-domain"),
             (&["--cluster-id", ""][..], "--cluster-id"),
             (&["--log-level", "a=b=c"][..], "--log-level"),
+            (&["--debounce-after", "5 minutes"][..], "--debounce-after"),
         ] {
             let error = parse(args).unwrap_err();
             assert!(error.contains(flag), "{error}");

@@ -9,6 +9,6 @@ pub mod registry;
 pub mod server;
 pub mod subscription;
 
-pub use indexer::Snapshots;
+pub use indexer::{Debounce, Snapshots};
 pub use registry::Registry;
 pub use server::AdsServer;
