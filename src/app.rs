@@ -84,8 +84,9 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let xds_tls_address = match &config.ca {
         Some(ca) => {
             let pods = Arc::new(crate::ca::SnapshotPods::new(snapshots.clone()));
-            let ads =
-                AdsServer::new(snapshots.clone(), registry.clone(), metrics.clone()).into_service();
+            let ads = AdsServer::new(snapshots.clone(), registry.clone(), metrics.clone())
+                .with_max_stream_age(config.max_stream_age)
+                .into_service();
             let ca = crate::ca::CaConfig {
                 metrics: metrics.clone(),
                 ..ca.clone()
@@ -134,7 +135,9 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let stop = shutdown.clone();
     tasks.spawn(source.run(events_tx, stop));
 
-    let ads = AdsServer::new(snapshots.clone(), registry.clone(), metrics.clone()).into_service();
+    let ads = AdsServer::new(snapshots.clone(), registry.clone(), metrics.clone())
+        .with_max_stream_age(config.max_stream_age)
+        .into_service();
     let stop = shutdown.clone();
     tasks.spawn(async move {
         tonic::transport::Server::builder()

@@ -124,6 +124,12 @@ pub struct ServeArgs {
     #[arg(long, env = "AMBIENTD_DEBOUNCE_MAX", default_value = "1s", value_parser = short_duration)]
     pub debounce_max: Duration,
 
+    /// Each xDS stream ends after about this long (±10 %) so ztunnels reconnect and spread over
+    /// the replicas; unchanged resources are not re-sent. `0` keeps streams open (istiod's
+    /// MaxServerConnectionAge default is 30m).
+    #[arg(long, env = "AMBIENTD_MAX_CONNECTION_AGE", default_value = "30m", value_parser = short_duration)]
+    pub max_connection_age: Duration,
+
     /// Log filter: a level (info, debug, ...) or a tracing directive list (ambientd=debug,info).
     #[arg(long, env = "AMBIENTD_LOG_LEVEL", default_value = "info", value_parser = log_filter)]
     pub log_level: String,
@@ -161,21 +167,24 @@ fn dns_name(value: &str) -> Result<String, String> {
     }
 }
 
-/// `0`, `5ms`, `100ms`, `2s`.
+/// `0`, `5ms`, `100ms`, `2s`, `30m`, `1h`.
 fn short_duration(value: &str) -> Result<Duration, String> {
     let value = value.trim();
+    let bad = || format!("{value:?} is not a duration such as 0, 5ms, 2s, 30m or 1h");
     let (number, scale) = if let Some(ms) = value.strip_suffix("ms") {
         (ms, 1)
     } else if let Some(s) = value.strip_suffix('s') {
-        (s, 1000)
+        (s, 1_000)
+    } else if let Some(m) = value.strip_suffix('m') {
+        (m, 60_000)
+    } else if let Some(h) = value.strip_suffix('h') {
+        (h, 3_600_000)
     } else if value == "0" {
         ("0", 1)
     } else {
-        return Err(format!("{value:?} is not a duration such as 0, 5ms or 2s"));
+        return Err(bad());
     };
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("{value:?} is not a duration such as 0, 5ms or 2s"))?;
+    let number: u64 = number.parse().map_err(|_| bad())?;
     Ok(Duration::from_millis(number.saturating_mul(scale)))
 }
 
@@ -208,6 +217,8 @@ pub struct Config {
     pub log_filter: Option<crate::debug::LogControl>,
     /// Gathering of index changes into one push.
     pub debounce: crate::push::Debounce,
+    /// Streams end after about this long so proxies rebalance; `None` keeps them open.
+    pub max_stream_age: Option<Duration>,
 }
 
 impl Config {
@@ -222,6 +233,7 @@ impl Config {
             ca: None,
             log_filter: None,
             debounce: crate::push::Debounce::default(),
+            max_stream_age: None,
         }
     }
 }
@@ -282,6 +294,7 @@ impl TryFrom<ServeArgs> for Config {
                 after: args.debounce_after,
                 max: args.debounce_max,
             },
+            max_stream_age: Some(args.max_connection_age).filter(|a| !a.is_zero()),
         })
     }
 }

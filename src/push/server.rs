@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures::Stream;
 use tokio::sync::mpsc;
@@ -41,6 +41,7 @@ pub struct AdsServer {
     next_id: Arc<AtomicU64>,
     registry: Arc<Registry>,
     metrics: Arc<Metrics>,
+    max_stream_age: Option<Duration>,
 }
 
 impl AdsServer {
@@ -50,7 +51,16 @@ impl AdsServer {
             next_id: Arc::new(AtomicU64::new(1)),
             registry,
             metrics,
+            max_stream_age: None,
         }
+    }
+
+    /// Ends each stream after about `age` (±10 %, so proxies do not all return at once), so that
+    /// proxies reconnect and spread over the replicas. With content-hash versions a reconnect
+    /// re-sends nothing unchanged. `None`: streams live as long as the proxy keeps them.
+    pub fn with_max_stream_age(mut self, age: Option<Duration>) -> Self {
+        self.max_stream_age = age.filter(|a| !a.is_zero());
+        self
     }
 
     /// The tonic service, without compression (ztunnel supports none).
@@ -95,11 +105,19 @@ impl AggregatedDiscoveryService for AdsServer {
             sent: 0,
             status: self.registry.register(id, peer.clone()),
             metrics: self.metrics.clone(),
+            expires: self.max_stream_age.map(|age| jittered(age, id)),
         };
         let span = info_span!("xds", id, peer);
         tokio::spawn(connection.run(request.into_inner()).instrument(span));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
+}
+
+/// `age` ±10 %, spread by connection id so that streams opened together end apart.
+fn jittered(age: Duration, id: u64) -> Duration {
+    let spread = xxhash_rust::xxh64::xxh64(&id.to_le_bytes(), 0) % 2001; // 0..=2000
+    let factor = 0.9 + spread as f64 / 10_000.0; // 0.9..=1.1
+    age.mul_f64(factor)
 }
 
 /// Who is on the other end, from the node in the first request.
@@ -142,6 +160,8 @@ impl ProxyInfo {
 enum End {
     /// The client went away; nothing to report.
     Closed,
+    /// The stream reached its maximum age: it ends with OK, and ztunnel reconnects at once.
+    Expired,
     /// A protocol error, reported to the client as a gRPC status.
     Error(Status),
 }
@@ -157,6 +177,8 @@ struct Connection {
     /// This connection's entry in the registry (removed when the task ends).
     status: Handle,
     metrics: Arc<Metrics>,
+    /// When this stream ends so the proxy reconnects (maybe to another replica).
+    expires: Option<Duration>,
 }
 
 impl Connection {
@@ -168,8 +190,11 @@ impl Connection {
             version: env!("CARGO_PKG_VERSION").to_string(),
         };
         self.metrics.xds_clients.get_or_create(&version).inc();
+        let expiry = tokio::time::sleep(self.expires.unwrap_or(Duration::MAX));
+        tokio::pin!(expiry);
         let end = loop {
             tokio::select! {
+                _ = &mut expiry, if self.expires.is_some() => break End::Expired,
                 message = inbound.message() => match message {
                     Ok(Some(request)) => {
                         if let Err(end) = self.on_request(&snapshot, request).await {
@@ -200,6 +225,10 @@ impl Connection {
         let proxy = self.proxy.as_ref().map(|p| p.id.as_str()).unwrap_or("");
         match end {
             End::Closed => info!(proxy, "proxy disconnected"),
+            End::Expired => info!(
+                proxy,
+                "stream reached its maximum age; the proxy reconnects"
+            ),
             End::Error(status) => {
                 warn!(proxy, %status, "closing stream");
                 let _ = self.outbound.send(Err(status)).await;
@@ -454,5 +483,26 @@ impl Connection {
             .map_err(|_| End::Closed)?;
         self.metrics.record_push(kind, started.elapsed(), bytes);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_ages_are_spread_within_ten_percent() {
+        let age = Duration::from_secs(1800);
+        let ages: Vec<Duration> = (0..1000).map(|id| jittered(age, id)).collect();
+        assert!(
+            ages.iter()
+                .all(|a| *a >= age.mul_f64(0.9) && *a <= age.mul_f64(1.1))
+        );
+        let distinct: std::collections::BTreeSet<_> = ages.iter().collect();
+        assert!(
+            distinct.len() > 900,
+            "spread: {} distinct ages",
+            distinct.len()
+        );
     }
 }
