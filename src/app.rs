@@ -86,6 +86,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             let pods = Arc::new(crate::ca::SnapshotPods::new(snapshots.clone()));
             let ads = AdsServer::new(snapshots.clone(), registry.clone(), metrics.clone())
                 .with_max_stream_age(config.max_stream_age)
+                .with_idle_timeout(config.stream_idle_timeout)
                 .into_service();
             let ca = crate::ca::CaConfig {
                 metrics: metrics.clone(),
@@ -137,6 +138,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
 
     let ads = AdsServer::new(snapshots.clone(), registry.clone(), metrics.clone())
         .with_max_stream_age(config.max_stream_age)
+        .with_idle_timeout(config.stream_idle_timeout)
         .into_service();
     let stop = shutdown.clone();
     tasks.spawn(async move {

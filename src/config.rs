@@ -130,6 +130,11 @@ pub struct ServeArgs {
     #[arg(long, env = "AMBIENTD_MAX_CONNECTION_AGE", default_value = "30m", value_parser = short_duration)]
     pub max_connection_age: Duration,
 
+    /// A proxy that reads no response for this long is dropped with a log line, so a stuck
+    /// client's buffers stay bounded. `0` never drops.
+    #[arg(long, env = "AMBIENTD_STREAM_IDLE_TIMEOUT", default_value = "5m", value_parser = short_duration)]
+    pub stream_idle_timeout: Duration,
+
     /// Log filter: a level (info, debug, ...) or a tracing directive list (ambientd=debug,info).
     #[arg(long, env = "AMBIENTD_LOG_LEVEL", default_value = "info", value_parser = log_filter)]
     pub log_level: String,
@@ -219,6 +224,8 @@ pub struct Config {
     pub debounce: crate::push::Debounce,
     /// Streams end after about this long so proxies rebalance; `None` keeps them open.
     pub max_stream_age: Option<Duration>,
+    /// Streams whose proxy reads nothing for this long are dropped; `None` never.
+    pub stream_idle_timeout: Option<Duration>,
 }
 
 impl Config {
@@ -234,6 +241,7 @@ impl Config {
             log_filter: None,
             debounce: crate::push::Debounce::default(),
             max_stream_age: None,
+            stream_idle_timeout: None,
         }
     }
 }
@@ -295,6 +303,7 @@ impl TryFrom<ServeArgs> for Config {
                 max: args.debounce_max,
             },
             max_stream_age: Some(args.max_connection_age).filter(|a| !a.is_zero()),
+            stream_idle_timeout: Some(args.stream_idle_timeout).filter(|i| !i.is_zero()),
         })
     }
 }

@@ -493,3 +493,60 @@ async fn streams_end_at_their_maximum_age_and_reconnects_resend_nothing() {
     assert!(authorizations.resources.is_empty());
     running.stop().await;
 }
+
+/// A proxy that stops reading: the others keep receiving every change promptly, and the stuck
+/// stream is dropped after the idle timeout instead of buffering without bound.
+#[tokio::test]
+async fn a_client_that_stops_reading_is_dropped_and_delays_no_one() {
+    // Enough pods that the initial response overflows HTTP/2's flow-control window.
+    let many: Vec<String> = (0..600)
+        .map(|i| {
+            pod(
+                &format!("bulk-{i}"),
+                &format!("10.245.{}.{}", i / 200, i % 200 + 1),
+                "bulk",
+                "v1",
+            )
+        })
+        .collect();
+    let mesh = mesh();
+    mesh.write("pods/bulk.yaml", &pods(&many));
+    let mut config = ambientd::config::Config::local(mesh.root());
+    config.stream_idle_timeout = Some(Duration::from_millis(500));
+    let running = ambientd::app::start(config).await.expect("start");
+    let mut snapshots = running.snapshots.clone();
+    tokio::time::timeout(WAIT, snapshots.wait_for(Option::is_some))
+        .await
+        .unwrap()
+        .unwrap();
+
+    // A small receive window, so the stuck client stalls the server's writes quickly.
+    let stuck = XdsClient::connect_with_window(&running, Some(65_535)).await;
+    stuck.subscribe_wildcard(BTreeMap::new()).await; // and never reads
+    let mut healthy = XdsClient::connect(&running).await;
+    healthy.subscribe_wildcard(BTreeMap::new()).await;
+    healthy.initial_sync().await;
+
+    for round in 0..8 {
+        mesh.write(
+            "pods/db.yaml",
+            &pod("db-1", "10.244.1.20", "db", &format!("r{round}")),
+        );
+        let update = tokio::time::timeout(Duration::from_secs(3), healthy.recv())
+            .await
+            .expect("the healthy client was delayed");
+        assert_eq!(names(&update), vec![DB_1]);
+        healthy.ack(&update).await;
+    }
+
+    let deadline = std::time::Instant::now() + WAIT;
+    while running.registry.len() > 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stuck stream was never dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(stuck);
+    running.stop().await;
+}

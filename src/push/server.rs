@@ -42,6 +42,7 @@ pub struct AdsServer {
     registry: Arc<Registry>,
     metrics: Arc<Metrics>,
     max_stream_age: Option<Duration>,
+    idle_timeout: Option<Duration>,
 }
 
 impl AdsServer {
@@ -52,7 +53,14 @@ impl AdsServer {
             registry,
             metrics,
             max_stream_age: None,
+            idle_timeout: None,
         }
+    }
+
+    /// Drops a stream whose proxy has not read a waiting response for `idle`; `None` never.
+    pub fn with_idle_timeout(mut self, idle: Option<Duration>) -> Self {
+        self.idle_timeout = idle.filter(|i| !i.is_zero());
+        self
     }
 
     /// Ends each stream after about `age` (±10 %, so proxies do not all return at once), so that
@@ -106,6 +114,7 @@ impl AggregatedDiscoveryService for AdsServer {
             status: self.registry.register(id, peer.clone()),
             metrics: self.metrics.clone(),
             expires: self.max_stream_age.map(|age| jittered(age, id)),
+            idle_timeout: self.idle_timeout,
         };
         let span = info_span!("xds", id, peer);
         tokio::spawn(connection.run(request.into_inner()).instrument(span));
@@ -162,6 +171,8 @@ enum End {
     Closed,
     /// The stream reached its maximum age: it ends with OK, and ztunnel reconnects at once.
     Expired,
+    /// The proxy read nothing for this long while a response waited.
+    Idle(Duration),
     /// A protocol error, reported to the client as a gRPC status.
     Error(Status),
 }
@@ -179,6 +190,8 @@ struct Connection {
     metrics: Arc<Metrics>,
     /// When this stream ends so the proxy reconnects (maybe to another replica).
     expires: Option<Duration>,
+    /// How long a response may wait for the proxy to read before the stream is dropped.
+    idle_timeout: Option<Duration>,
 }
 
 impl Connection {
@@ -229,6 +242,13 @@ impl Connection {
                 proxy,
                 "stream reached its maximum age; the proxy reconnects"
             ),
+            End::Idle(idle) => {
+                warn!(
+                    proxy,
+                    ?idle,
+                    "dropping stream: the proxy has not read a response for the idle timeout"
+                );
+            }
             End::Error(status) => {
                 warn!(proxy, %status, "closing stream");
                 let _ = self.outbound.send(Err(status)).await;
@@ -477,10 +497,18 @@ impl Connection {
             .map(|r| r.resource.as_ref().map_or(0, |a| a.value.len()))
             .sum();
         self.publish_status(kind);
-        self.outbound
-            .send(Ok(response))
-            .await
-            .map_err(|_| End::Closed)?;
+        // A proxy that reads nothing for the idle timeout is dropped: its buffers stay bounded
+        // and it reconnects (or not) on its own.
+        let sent = match self.idle_timeout {
+            Some(idle) => {
+                match tokio::time::timeout(idle, self.outbound.send(Ok(response))).await {
+                    Ok(sent) => sent,
+                    Err(_) => return Err(End::Idle(idle)),
+                }
+            }
+            None => self.outbound.send(Ok(response)).await,
+        };
+        sent.map_err(|_| End::Closed)?;
         self.metrics.record_push(kind, started.elapsed(), bytes);
         Ok(())
     }

@@ -103,12 +103,22 @@ pub fn ztunnel_node(node_name: &str) -> Node {
 
 impl XdsClient {
     pub async fn connect(running: &Running) -> Self {
-        let endpoint = format!("http://{}", running.xds_address);
-        let mut client =
-            tokio::time::timeout(WAIT, AggregatedDiscoveryServiceClient::connect(endpoint))
-                .await
-                .expect("connect timed out")
-                .expect("connect");
+        Self::connect_with_window(running, None).await
+    }
+
+    /// Connects with an HTTP/2 receive window of `window` bytes (hyper's default is 2 MiB), so
+    /// that a client that stops reading stalls the server after that much.
+    pub async fn connect_with_window(running: &Running, window: Option<u32>) -> Self {
+        let endpoint =
+            tonic::transport::Endpoint::from_shared(format!("http://{}", running.xds_address))
+                .expect("endpoint")
+                .initial_stream_window_size(window)
+                .initial_connection_window_size(window);
+        let channel = tokio::time::timeout(WAIT, endpoint.connect())
+            .await
+            .expect("connect timed out")
+            .expect("connect");
+        let mut client = AggregatedDiscoveryServiceClient::new(channel);
         let (tx, rx) = mpsc::channel(16);
         let response = tokio::time::timeout(
             WAIT,
