@@ -19,6 +19,7 @@ use serde_json::json;
 use crate::debug::DebugState;
 use crate::discovery::Snapshot;
 use crate::discovery::evaluator::{Connection, Identity, applies_to, evaluate};
+use crate::discovery::names::{ip_bytes, ip_from_bytes};
 use crate::pb::security::Authorization;
 use crate::pb::workload::{Address, TunnelProtocol, Workload, address};
 
@@ -47,11 +48,8 @@ fn workloads(snapshot: &Snapshot) -> impl Iterator<Item = Workload> + '_ {
 }
 
 fn has_ip(w: &Workload, ip: &IpAddr) -> bool {
-    let bytes = match ip {
-        IpAddr::V4(v4) => v4.octets().to_vec(),
-        IpAddr::V6(v6) => v6.octets().to_vec(),
-    };
-    w.addresses.iter().any(|a| a.as_ref() == bytes.as_slice())
+    let bytes = ip_bytes(ip);
+    w.addresses.contains(&bytes)
 }
 
 /// Finds the destination workload by uid, IP or `ns/name`.
@@ -147,7 +145,7 @@ pub async fn authorize(State(state): State<DebugState>, Query(q): Query<ExplainQ
     let destination_ip = target
         .addresses
         .first()
-        .and_then(|a| crate::debug::render::ip(a).parse().ok())
+        .and_then(|a| ip_from_bytes(a))
         .unwrap_or(IpAddr::from([0, 0, 0, 0]));
     let connection = Connection {
         source_identity: identity.clone(),

@@ -1,7 +1,7 @@
 //! Resources as JSON for people: proto field names in camelCase, enums by name, IPs as
 //! strings (istiod's `/debug/ambientz` and `config_dump` habits).
 
-use std::net::IpAddr;
+use crate::discovery::names::ip_from_bytes;
 
 use prost::Message;
 use serde_json::{Map, Value, json};
@@ -15,14 +15,9 @@ use crate::pb::workload::{
 
 /// Raw address bytes as text.
 pub fn ip(bytes: &[u8]) -> String {
-    match bytes.len() {
-        4 => <[u8; 4]>::try_from(bytes)
-            .map(|b| IpAddr::from(b).to_string())
-            .unwrap_or_default(),
-        16 => <[u8; 16]>::try_from(bytes)
-            .map(|b| IpAddr::from(b).to_string())
-            .unwrap_or_default(),
-        _ => format!("<{} bytes>", bytes.len()),
+    match ip_from_bytes(bytes) {
+        Some(ip) => ip.to_string(),
+        None => format!("<{} bytes>", bytes.len()),
     }
 }
 

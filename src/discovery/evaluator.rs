@@ -10,6 +10,7 @@
 use std::fmt;
 use std::net::IpAddr;
 
+use crate::discovery::names::ip_from_bytes;
 use crate::pb::security::{
     Action, Address, Authorization, Match, Scope, ServiceAccountMatch, StringMatch,
     string_match::MatchType,
@@ -270,11 +271,7 @@ struct IpNet {
 }
 
 fn ip_net(address: &Address) -> Option<IpNet> {
-    let ip = match address.address.len() {
-        4 => IpAddr::from(<[u8; 4]>::try_from(&address.address[..]).ok()?),
-        16 => IpAddr::from(<[u8; 16]>::try_from(&address.address[..]).ok()?),
-        _ => return None,
-    };
+    let ip = ip_from_bytes(&address.address)?;
     let length = address.length as u8;
     let max = if ip.is_ipv4() { 32 } else { 128 };
     (length <= max).then_some(IpNet {

@@ -59,6 +59,15 @@ pub fn network_address_key(network: &str, ip: &IpAddr) -> String {
     format!("{network}/{ip}")
 }
 
+/// An IP from raw network-order bytes (4 or 16); `None` for any other length.
+pub fn ip_from_bytes(raw: &[u8]) -> Option<IpAddr> {
+    match raw.len() {
+        4 => <[u8; 4]>::try_from(raw).ok().map(IpAddr::from),
+        16 => <[u8; 16]>::try_from(raw).ok().map(IpAddr::from),
+        _ => None,
+    }
+}
+
 /// Raw network-order bytes of an IP, as the protos carry it.
 pub fn ip_bytes(ip: &IpAddr) -> bytes::Bytes {
     match ip {

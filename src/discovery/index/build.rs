@@ -1,11 +1,9 @@
 //! Building one target's resources, and encoding each resource once.
 
-use std::net::IpAddr;
-
 use crate::discovery::authorization::PolicyStatus;
 use crate::discovery::index::{Index, Target};
 use crate::discovery::names::{
-    ADDRESS_TYPE, AUTHORIZATION_TYPE, TypeKind, network_address_key, service_key,
+    ADDRESS_TYPE, AUTHORIZATION_TYPE, TypeKind, ip_from_bytes, network_address_key, service_key,
 };
 use crate::discovery::snapshot::Resource;
 use crate::discovery::store::Key;
@@ -154,12 +152,4 @@ fn aliases(network: &str, addresses: &[bytes::Bytes]) -> Vec<String> {
         .filter_map(|raw| ip_from_bytes(raw))
         .map(|ip| network_address_key(network, &ip))
         .collect()
-}
-
-fn ip_from_bytes(raw: &[u8]) -> Option<IpAddr> {
-    match raw.len() {
-        4 => <[u8; 4]>::try_from(raw).ok().map(IpAddr::from),
-        16 => <[u8; 16]>::try_from(raw).ok().map(IpAddr::from),
-        _ => None,
-    }
 }
