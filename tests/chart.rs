@@ -465,17 +465,44 @@ fn several_replicas_spread_and_keep_a_disruption_budget() {
         error.contains("ca.mode selfSigned gives each replica its own root"),
         "{error}"
     );
-    let error = helm
-        .render_text(&json!({"ca": {"mode": "vault"}}), NS, false)
-        .expect_err("an unknown CA mode must fail");
-    assert!(
-        error.contains("ca.mode must be selfSigned or cacerts"),
-        "{error}"
-    );
 
     // No budget when disabled.
     let rendered = helm.render(json!({"podDisruptionBudget": {"enabled": false}}), NS);
     assert!(rendered.pdb().is_none());
+}
+
+#[test]
+fn misspelt_or_unsafe_values_are_refused_with_the_engines_message() {
+    let Some(helm) = engine() else { return };
+    for (values, message) in [
+        (
+            json!({"ca": {"mode": "vault"}}),
+            "ca.mode must be selfSigned or cacerts",
+        ),
+        // values.schema.json: no unknown keys, a non-root user, selectors shaped as Istio's.
+        (
+            json!({"replicas": 3}),
+            "additional properties 'replicas' not allowed",
+        ),
+        (
+            json!({"ca": {"cacert": {}}}),
+            "additional properties 'cacert' not allowed",
+        ),
+        (json!({"runAsUser": 0}), "/runAsUser"),
+        (
+            json!({"discoverySelectors": [{"matchLabel": {"a": "b"}}]}),
+            "matchLabel",
+        ),
+        (
+            json!({"trustedNodeAccounts": ["ztunnel"]}),
+            "/trustedNodeAccounts/0",
+        ),
+    ] {
+        let Err(error) = helm.render_text(&values, NS, false) else {
+            panic!("{values} must be refused")
+        };
+        assert!(error.contains(message), "{values}: {error}");
+    }
 }
 
 #[test]

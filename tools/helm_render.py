@@ -64,7 +64,8 @@ def main() -> int:
             if m.get("severity", 0) >= 2
         ] + [str(e) for e in report.get("errors", []) or []]
         if problems:
-            print("helm lint failed:\n" + "\n".join(problems), file=sys.stderr)
+            unique = list(dict.fromkeys(p.strip() for p in problems))
+            print("helm lint failed:\n" + "\n".join(unique), file=sys.stderr)
             return 1
 
         with helm.Chart.load(args.chart) as chart:
