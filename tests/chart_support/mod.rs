@@ -19,6 +19,8 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBind
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+// Used by tests/chart_rbac.rs, not by every test crate that includes this module.
+#[allow(unused_imports)]
 pub use rbac::{ApiCall, rbac_allows};
 
 /// The default venv `.ci/run` creates.
