@@ -57,12 +57,13 @@ def main() -> int:
             values = merge(values, helm.parse_set_string(expression))
 
         report = helm.lint(args.chart, values, strict=True, namespace=args.namespace)
+        # Severity: 1 info, 2 warning, 3 error. Strict: warnings fail too.
+        labels = {2: "W", 3: "E"}
         problems = [
-            f"[{'?IWE'[m.get('severity', 0)] if m.get('severity', 0) < 4 else m.get('severity')}] "
-            f"{m.get('path', '')}: {m.get('error', '')}"
+            f"[{labels.get(m.get('severity'), m.get('severity'))}] {m.get('path', '')}: {m.get('error', '')}"
             for m in report.get("messages", [])
             if m.get("severity", 0) >= 2
-        ] + [str(e) for e in report.get("errors", []) or []]
+        ] + [str(e) for e in report.get("errors") or []]
         if problems:
             unique = list(dict.fromkeys(p.strip() for p in problems))
             print("helm lint failed:\n" + "\n".join(unique), file=sys.stderr)
