@@ -12,6 +12,7 @@ use prost::Message;
 
 use crate::discovery::authorization::PolicyStatus;
 use crate::discovery::names::TypeKind;
+use crate::discovery::status::{DesiredStatus, StatusTarget};
 use crate::pb::google::protobuf::Any;
 
 /// One xDS resource, encoded once and shared by every connection that sends it.
@@ -154,6 +155,11 @@ pub struct Snapshot {
     pub history: imbl::Vector<(u64, Arc<Changes>)>,
     /// The `ZtunnelAccepted` condition of each AuthorizationPolicy, by `ns/name`.
     pub policy_status: PersistentMap<String, PolicyStatus>,
+    /// The condition ambientd owns on each object that should carry one (`ZtunnelAccepted` on
+    /// policies, `istio.io/WaypointBound` on Services, ServiceEntries, WorkloadEntries); an
+    /// object missing here should carry none. The status writer diffs successive snapshots'
+    /// maps, which share structure, so an unchanged condition costs nothing.
+    pub statuses: PersistentMap<StatusTarget, DesiredStatus>,
     /// Kubernetes `metadata.uid` of each pod, by its workload uid (`<cluster>//Pod/<ns>/<name>`):
     /// the CA checks a token's pod binding against it.
     pub pod_uids: PersistentMap<String, String>,
