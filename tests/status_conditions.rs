@@ -30,10 +30,8 @@ fn condition(
     object: &StatusTarget,
 ) -> Option<(bool, String, String)> {
     let snapshot = index.snapshot();
-    snapshot.statuses.get(object).map(|d| {
-        let c = &d.condition;
-        (c.status, c.reason.clone(), c.message.clone())
-    })
+    let c = snapshot.statuses.get(object)?.condition.as_ref()?;
+    Some((c.status, c.reason.clone(), c.message.clone()))
 }
 
 fn waypoint(name: &str, traffic: &str, allowed: AllowedNamespaces) -> Gateway {
@@ -177,7 +175,8 @@ fn waypoint_bound_carries_type_and_generation() {
     index.apply(labelled_svc("s", &use_wp("svc-wp")));
     let snapshot = index.snapshot();
     let desired = &snapshot.statuses[&target(StatusKind::Service, NS, "s")];
-    assert_eq!(desired.condition.condition_type, WAYPOINT_BOUND);
+    let c = desired.condition.as_ref().unwrap();
+    assert_eq!(c.condition_type, WAYPOINT_BOUND);
     assert_eq!(desired.generation, 3);
 }
 
@@ -276,14 +275,15 @@ fn conditions_follow_fixes_and_deletes() {
         AllowedNamespaces::All,
     )));
     let before = index.snapshot();
-    assert!(before.statuses[&object].condition.status);
+    assert!(before.statuses[&object].condition.as_ref().unwrap().status);
     // An unrelated change leaves the map shared (nothing to write).
     index.apply(Object::Namespace(ns_with("other", &[])));
     let after = index.snapshot();
     assert!(before.statuses.ptr_eq(&after.statuses));
-    // The label goes: no condition any more.
+    // The label goes: no condition any more, but the object is still there.
     index.apply(labelled_svc("s", &[]));
     assert_eq!(condition(&mut index, &object), None);
+    assert!(index.snapshot().statuses.contains_key(&object));
     // Deleted objects carry nothing.
     index.apply(labelled_svc("s", &use_wp("svc-wp")));
     assert!(condition(&mut index, &object).is_some());
@@ -292,7 +292,7 @@ fn conditions_follow_fixes_and_deletes() {
         namespace: NS.into(),
         name: "s".into(),
     });
-    assert_eq!(condition(&mut index, &object), None);
+    assert!(!index.snapshot().statuses.contains_key(&object));
 }
 
 #[test]
@@ -315,25 +315,24 @@ fn ztunnel_accepted_on_policies() {
     index.apply(Object::AuthorizationPolicy(policy(vec!["GET".into()])));
     let object = target(StatusKind::AuthorizationPolicy, NS, "p");
     let snapshot = index.snapshot();
-    let desired = &snapshot.statuses[&object];
-    assert_eq!(desired.condition.condition_type, "ZtunnelAccepted");
-    assert_eq!(desired.generation, 7);
+    assert_eq!(snapshot.statuses[&object].generation, 7);
+    let desired = snapshot.statuses[&object].condition.as_ref().unwrap();
+    assert_eq!(desired.condition_type, "ZtunnelAccepted");
     assert_eq!(
-        (desired.condition.status, desired.condition.reason.as_str()),
+        (desired.status, desired.reason.as_str()),
         (true, "UnsupportedValue"),
         "an ALLOW with HTTP rules is still sent (stricter), and says so"
     );
     assert!(
         desired
-            .condition
             .message
             .starts_with("ztunnel does not support HTTP attributes (found: methods)"),
         "{}",
-        desired.condition.message
+        desired.message
     );
     assert_eq!(
         snapshot.policy_status.get(&format!("{NS}/p")),
-        Some(&desired.condition)
+        Some(desired)
     );
     index.apply(Object::AuthorizationPolicy(policy(vec![])));
     let fixed = condition(&mut index, &object).unwrap();

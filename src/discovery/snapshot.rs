@@ -155,10 +155,10 @@ pub struct Snapshot {
     pub history: imbl::Vector<(u64, Arc<Changes>)>,
     /// The `ZtunnelAccepted` condition of each AuthorizationPolicy, by `ns/name`.
     pub policy_status: PersistentMap<String, PolicyStatus>,
-    /// The condition ambientd owns on each object that should carry one (`ZtunnelAccepted` on
-    /// policies, `istio.io/WaypointBound` on Services, ServiceEntries, WorkloadEntries); an
-    /// object missing here should carry none. The status writer diffs successive snapshots'
-    /// maps, which share structure, so an unchanged condition costs nothing.
+    /// Every AuthorizationPolicy, Service, ServiceEntry and WorkloadEntry, with the condition
+    /// ambientd wants on it (`ZtunnelAccepted` on policies, `istio.io/WaypointBound` on the
+    /// others; `None`: it must carry none of ours). An object missing here does not exist. The
+    /// status writer compares successive snapshots' maps; an unchanged map is shared.
     pub statuses: PersistentMap<StatusTarget, DesiredStatus>,
     /// Kubernetes `metadata.uid` of each pod, by its workload uid (`<cluster>//Pod/<ns>/<name>`):
     /// the CA checks a token's pod binding against it.

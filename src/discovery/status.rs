@@ -89,13 +89,13 @@ impl std::fmt::Display for StatusTarget {
     }
 }
 
-/// The condition ambientd wants on one object, with the `metadata.generation` it was computed
-/// from (the condition's `observedGeneration`). An object with no entry must not carry
-/// ambientd's condition type.
+/// What ambientd wants on one existing object: its condition, or `None` when the object must
+/// not carry ambientd's condition type (any left from before is removed), with the
+/// `metadata.generation` it was computed from (the condition's `observedGeneration`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DesiredStatus {
     pub generation: i64,
-    pub condition: StatusCondition,
+    pub condition: Option<StatusCondition>,
 }
 
 /// `istio.io/WaypointBound` of a Service or ServiceEntry with these labels: true naming the

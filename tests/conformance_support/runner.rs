@@ -202,7 +202,7 @@ impl Run {
                     namespace: namespace.to_string(),
                     name: name.to_string(),
                 };
-                snapshot.statuses.get(&object).map(|d| &d.condition)
+                snapshot.statuses.get(&object)?.condition.as_ref()
             })
             .collect();
         for (condition, expected) in conditions {

@@ -25,9 +25,14 @@ impl Index {
     /// A policy's Authorization and its `ZtunnelAccepted` condition, from one conversion.
     fn build_policy(&self, k: &Key) -> Built {
         let converted = policies::convert(&self.settings, &self.store, k);
-        let generation = self.store.policies.get(k).map_or(0, |p| p.generation);
-        let (authorization, condition) = match converted {
-            Some(c) => (c.authorization, c.status),
+        let (authorization, desired) = match converted {
+            Some(c) => (
+                c.authorization,
+                Some(DesiredStatus {
+                    generation: self.store.policies.get(k).map_or(0, |p| p.generation),
+                    condition: c.status,
+                }),
+            ),
             None => (None, None),
         };
         Built {
@@ -37,10 +42,7 @@ impl Index {
                 .collect(),
             status: Some((
                 StatusTarget::new(StatusKind::AuthorizationPolicy, k),
-                condition.map(|condition| DesiredStatus {
-                    generation,
-                    condition,
-                }),
+                desired,
             )),
         }
     }
@@ -53,7 +55,7 @@ impl Index {
     ) -> Option<(StatusTarget, Option<DesiredStatus>)> {
         let store = &self.store;
         let desired = |generation: i64, condition: Option<status::StatusCondition>| {
-            condition.map(|condition| DesiredStatus {
+            Some(DesiredStatus {
                 generation,
                 condition,
             })
@@ -62,11 +64,17 @@ impl Index {
             Target::KubeService(k) => (
                 StatusTarget::new(StatusKind::Service, k),
                 store.services.get(k).and_then(|svc| {
-                    if svc.external_name {
-                        return None;
-                    }
-                    let condition =
-                        status::service_waypoint_bound(store, &svc.namespace, &svc.labels, reads);
+                    // istiod builds nothing for an ExternalName service, so binds nothing.
+                    let condition = (!svc.external_name)
+                        .then(|| {
+                            status::service_waypoint_bound(
+                                store,
+                                &svc.namespace,
+                                &svc.labels,
+                                reads,
+                            )
+                        })
+                        .flatten();
                     desired(svc.generation, condition)
                 }),
             ),
@@ -176,8 +184,8 @@ impl Index {
 /// What building one target produced.
 pub(super) struct Built {
     pub(super) resources: Vec<(TypeKind, Resource)>,
-    /// For a target whose object carries a condition: the object and its condition (`None`:
-    /// no condition of ours).
+    /// For a target whose object may carry a condition: the object and what it should carry
+    /// (`None`: the object does not exist).
     pub(super) status: Option<(StatusTarget, Option<DesiredStatus>)>,
 }
 

@@ -93,7 +93,7 @@ pub struct Index {
     owners: HashMap<(TypeKind, String), Target>,
     /// `ZtunnelAccepted` status of each AuthorizationPolicy, by `ns/name`.
     policy_status: PersistentMap<String, PolicyStatus>,
-    /// The condition ambientd owns on each object that should carry one.
+    /// What ambientd wants on each object of a kind it writes a condition on.
     statuses: PersistentMap<StatusTarget, DesiredStatus>,
     /// Waypoint -> targets that looked it up, and the reverse.
     waypoint_readers: HashMap<Key, HashSet<Target>>,
@@ -347,9 +347,9 @@ impl Index {
     fn set_status(&mut self, object: StatusTarget, desired: Option<DesiredStatus>) {
         if object.kind == StatusKind::AuthorizationPolicy {
             let name = format!("{}/{}", object.namespace, object.name);
-            match &desired {
-                Some(d) if self.policy_status.get(&name) != Some(&d.condition) => {
-                    self.policy_status.insert(name, d.condition.clone());
+            match desired.as_ref().and_then(|d| d.condition.as_ref()) {
+                Some(c) if self.policy_status.get(&name) != Some(c) => {
+                    self.policy_status.insert(name, c.clone());
                 }
                 None if self.policy_status.contains_key(&name) => {
                     self.policy_status.remove(&name);
