@@ -91,6 +91,9 @@ pub struct Metrics {
     pub auth_failures: Counter,
     pub certs_issued: Counter,
     pub root_expiry: Gauge<f64, AtomicU64>,
+    /// `ambientd_leader`: 1 while this replica holds the leader Lease (or runs without
+    /// election and writes), else 0.
+    pub leader: Gauge,
     /// ambientd: objects held per kind, resources served per type, snapshot generation.
     pub objects: Family<KindLabel, Gauge>,
     pub resources: Family<TypeLabel, Gauge>,
@@ -137,6 +140,7 @@ impl Metrics {
         let auth_failures = Counter::default();
         let certs_issued = Counter::default();
         let root_expiry = Gauge::<f64, AtomicU64>::default();
+        let leader = Gauge::default();
         let objects = Family::<KindLabel, Gauge>::default();
         let resources = Family::<TypeLabel, Gauge>::default();
         let generation = Gauge::default();
@@ -204,6 +208,11 @@ impl Metrics {
             root_expiry.clone(),
         );
         registry.register(
+            "ambientd_leader",
+            "1 while this replica is the leader that writes to the cluster",
+            leader.clone(),
+        );
+        registry.register(
             "ambientd_objects",
             "Objects held by the index, by kind",
             objects.clone(),
@@ -249,6 +258,7 @@ impl Metrics {
             auth_failures,
             certs_issued,
             root_expiry,
+            leader,
             objects,
             resources,
             generation,

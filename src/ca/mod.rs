@@ -200,6 +200,7 @@ pub async fn start_with(
         ttl: config.ttl,
         pods,
         metrics: config.metrics.clone(),
+        root_bundle: tokio::sync::watch::channel(String::new()).0,
     });
     state.record_root_expiry();
     let listener = TcpListener::bind(config.xds_tls_address)

@@ -1,0 +1,292 @@
+//! Cluster writes by whole ambientd replicas (app::start) against the fake API server over
+//! real HTTP: the CA Secret `istio-ca-secret` (created once, shared by racing replicas, reused
+//! by later ones), the root ConfigMaps `istio-ca-root-cert` (every selected namespace, new
+//! ones, restored after deletion and edits, updated when the root changes, never in excluded,
+//! unselected or terminating namespaces), and a non-leader that writes nothing at all.
+
+mod kube_support;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use ambientd::app::{self, Running};
+use ambientd::ca::CaConfig;
+use ambientd::config::Config;
+use ambientd::kube::cluster::{ClusterConfig, DiscoverySelectors, Retry};
+use ambientd::kube::leader::LeaderConfig;
+use ambientd::kube::writes::ClusterWrites;
+use k8s_openapi::ByteString;
+use kube_support::FakeApiServer;
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(20);
+const FAST: Retry = Retry::Exponential {
+    initial: Duration::from_millis(50),
+    max: Duration::from_millis(400),
+};
+const SYSTEM: &str = "istio-system";
+const ROOT_CM: &str = "istio-ca-root-cert";
+
+struct Replica {
+    running: Running,
+    ca_dir: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Replica {
+    /// The root bundle this replica hands its clients.
+    fn root(&self) -> String {
+        std::fs::read_to_string(self.ca_dir.join("root-cert.pem")).expect("root-cert.pem")
+    }
+}
+
+async fn replica(fake: &FakeApiServer, identity: &str, selectors: &[&str]) -> Replica {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_dir = dir.path().join("ca");
+    let mut config = Config::cluster(ClusterConfig {
+        kubeconfig: Some(fake.kubeconfig(dir.path())),
+        retry: FAST,
+        discovery_selectors: DiscoverySelectors::parse_all(selectors).unwrap(),
+        ..ClusterConfig::default()
+    });
+    config.ca = Some(CaConfig::local(&ca_dir));
+    config.writes = Some(ClusterWrites {
+        leader: Some(LeaderConfig {
+            identity: identity.into(),
+            lease_duration: Duration::from_secs(2),
+            renew_grace: Duration::from_secs(1),
+            ..LeaderConfig::new(SYSTEM)
+        }),
+        backoff: Duration::from_millis(50),
+        max_backoff: Duration::from_millis(500),
+        ..ClusterWrites::new(SYSTEM)
+    });
+    let running = tokio::time::timeout(WAIT, app::start(config))
+        .await
+        .expect("ambientd started in time")
+        .expect("ambientd starts");
+    Replica {
+        running,
+        ca_dir,
+        _dir: dir,
+    }
+}
+
+async fn until(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn namespace(name: &str, labels: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
+}
+
+fn bytes(value: &Value) -> Vec<u8> {
+    serde_json::from_value::<ByteString>(value.clone())
+        .expect("base64")
+        .0
+}
+
+fn ca_secret(fake: &FakeApiServer) -> Option<Value> {
+    fake.get("v1", "Secret", SYSTEM, "istio-ca-secret")
+}
+
+fn root_in(fake: &FakeApiServer, namespace: &str) -> Option<String> {
+    let cm = fake.get("v1", "ConfigMap", namespace, ROOT_CM)?;
+    assert_eq!(cm["metadata"]["labels"]["istio.io/config"], "true", "{cm}");
+    cm["data"]["root-cert.pem"].as_str().map(str::to_string)
+}
+
+fn posts_to(fake: &FakeApiServer, resource: &str) -> Vec<kube_support::ApiCall> {
+    fake.api_calls()
+        .into_iter()
+        .filter(|c| c.verb == "create" && c.resource == resource)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_replicas_create_one_ca_secret_and_later_ones_reuse_it() {
+    let fake = FakeApiServer::start().await;
+    fake.apply(namespace(SYSTEM, json!({})));
+    let (a, b) = tokio::join!(replica(&fake, "a", &[]), replica(&fake, "b", &[]));
+
+    let secret = ca_secret(&fake).expect("istio-ca-secret was created");
+    assert_eq!(secret["type"], "istio.io/ca-root");
+    let data = &secret["data"];
+    let cert = bytes(&data["ca-cert.pem"]);
+    assert!(String::from_utf8_lossy(&cert).contains("BEGIN CERTIFICATE"));
+    assert!(String::from_utf8_lossy(&bytes(&data["ca-key.pem"])).contains("PRIVATE KEY"));
+    assert_eq!(
+        bytes(&data["root-cert.pem"]),
+        cert,
+        "root-cert.pem is the CA certificate"
+    );
+    assert!(bytes(&data["cert-chain.pem"]).is_empty());
+    assert!(bytes(&data["key.pem"]).is_empty());
+
+    // Both replicas sign with the one stored root, whoever won the race.
+    let stored = String::from_utf8(cert).unwrap();
+    assert_eq!(a.root().trim(), stored.trim());
+    assert_eq!(b.root().trim(), stored.trim());
+    let creates = posts_to(&fake, "secrets");
+    assert!((1..=2).contains(&creates.len()), "{creates:?}");
+
+    // A replica starting later reads it and creates nothing.
+    let c = replica(&fake, "c", &[]).await;
+    assert_eq!(c.root().trim(), stored.trim());
+    assert_eq!(posts_to(&fake, "secrets").len(), creates.len());
+    for r in [a, b, c] {
+        r.running.stop().await;
+    }
+}
+
+/// A plugged-in CA (istiod's `cacerts` layout), generated fresh.
+fn cacerts_secret() -> (Value, String) {
+    let generated =
+        ambientd::ca::roots::self_signed_pem("cluster.local", time::OffsetDateTime::now_utc())
+            .unwrap();
+    let b64 = |s: &str| serde_json::to_value(ByteString(s.as_bytes().to_vec())).unwrap();
+    let secret = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "cacerts", "namespace": SYSTEM},
+        "data": {
+            "ca-cert.pem": b64(&generated.cert_pem),
+            "ca-key.pem": b64(&generated.key_pem),
+            "root-cert.pem": b64(&generated.cert_pem),
+            "cert-chain.pem": b64(""),
+        },
+    });
+    (secret, generated.cert_pem)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn root_configmaps_everywhere_selected_restored_and_refreshed() {
+    let fake = FakeApiServer::start().await;
+    let on = json!({"istio-discovery": "enabled"});
+    fake.apply(namespace(SYSTEM, on.clone()));
+    fake.apply(namespace("app", on.clone()));
+    fake.apply(namespace("kube-system", on.clone()));
+    fake.apply(namespace("kube-public", on.clone()));
+    fake.apply(namespace("kube-node-lease", on.clone()));
+    fake.apply(namespace("other", json!({})));
+    fake.apply(namespace("dying", on.clone()));
+    fake.terminate_namespace("dying");
+
+    let replica = replica(&fake, "a", &["istio-discovery=enabled"]).await;
+    let root = replica.root();
+    for ns in [SYSTEM, "app", "kube-system"] {
+        until(&format!("the root ConfigMap in {ns}"), || {
+            root_in(&fake, ns).as_deref() == Some(root.as_str())
+        })
+        .await;
+    }
+    assert!(replica.running.leadership.is_leader());
+
+    // A new selected namespace gets it; a namespace that becomes selected does too.
+    fake.apply(namespace("late", on.clone()));
+    until("the root ConfigMap in a new namespace", || {
+        root_in(&fake, "late").is_some()
+    })
+    .await;
+    fake.apply(namespace("other-now-selected", json!({})));
+    fake.apply(namespace("other-now-selected", on.clone()));
+    until("the root ConfigMap in a newly selected namespace", || {
+        root_in(&fake, "other-now-selected").is_some()
+    })
+    .await;
+
+    // Deleted: re-created.
+    assert!(fake.delete("v1", "ConfigMap", "app", ROOT_CM));
+    until("the deleted ConfigMap back", || {
+        root_in(&fake, "app").as_deref() == Some(root.as_str())
+    })
+    .await;
+    // Edited (another root, label gone): patched back.
+    fake.apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": ROOT_CM, "namespace": "app"},
+        "data": {"root-cert.pem": "tampered", "extra": "kept"}}));
+    until("the edited ConfigMap restored", || {
+        fake.get("v1", "ConfigMap", "app", ROOT_CM)
+            .is_some_and(|cm| {
+                cm["data"]["root-cert.pem"] == root.as_str()
+                    && cm["metadata"]["labels"]["istio.io/config"] == "true"
+            })
+    })
+    .await;
+
+    // A plugged-in CA appears: the CA reloads and every ConfigMap carries the new root.
+    let (cacerts, new_root) = cacerts_secret();
+    fake.apply(cacerts);
+    for ns in [SYSTEM, "app", "kube-system", "late"] {
+        until(&format!("the new root in {ns}"), || {
+            root_in(&fake, ns).is_some_and(|r| r.trim() == new_root.trim())
+        })
+        .await;
+    }
+    until("the replica serving the new root", || {
+        replica.root().trim() == new_root.trim()
+    })
+    .await;
+
+    // Never in excluded, unselected or terminating namespaces.
+    for ns in ["kube-public", "kube-node-lease", "other", "dying"] {
+        assert!(root_in(&fake, ns).is_none(), "a root ConfigMap in {ns}");
+    }
+    for call in posts_to(&fake, "configmaps") {
+        let ns = call.namespace.unwrap_or_default();
+        assert!(
+            !["kube-public", "kube-node-lease", "other", "dying"].contains(&ns.as_str()),
+            "a create in {ns}"
+        );
+    }
+    replica.running.stop().await;
+}
+
+/// A Lease held by someone else, renewed now (the test renews it by calling again).
+fn foreign_lease(fake: &FakeApiServer) -> Value {
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "ambientd-leader", "namespace": SYSTEM},
+        "spec": {"holderIdentity": "someone-else", "leaseDurationSeconds": 2,
+                 "acquireTime": now, "renewTime": now}});
+    fake.apply(lease.clone());
+    lease
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_leader_writes_nothing_until_it_leads() {
+    let fake = FakeApiServer::start().await;
+    fake.apply(namespace(SYSTEM, json!({})));
+    fake.apply(namespace("app", json!({})));
+    // The CA Secret exists already, so starting creates nothing either.
+    let (cacerts, root) = cacerts_secret();
+    fake.apply(cacerts);
+    foreign_lease(&fake);
+    let replica = replica(&fake, "a", &[]).await;
+    let writes_before = fake.writes().len();
+    assert_eq!(writes_before, 0, "{:?}", fake.writes());
+
+    // Someone else leads for a while, renewing; ambientd keeps its hands off.
+    let end = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < end {
+        foreign_lease(&fake);
+        assert!(!replica.running.leadership.is_leader());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(root_in(&fake, "app").is_none());
+    assert_eq!(fake.writes(), vec![], "a non-leader wrote");
+
+    // The other leader is gone (no more renewals): ambientd takes over and writes.
+    until("leadership after the other leader's lease expired", || {
+        replica.running.leadership.is_leader()
+    })
+    .await;
+    until("the root ConfigMap from the new leader", || {
+        root_in(&fake, "app").is_some_and(|r| r.trim() == root.trim())
+    })
+    .await;
+    replica.running.stop().await;
+}
