@@ -186,6 +186,23 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         });
     }
 
+    if let Some((client, _, writes)) = &cluster
+        && writes.status
+    {
+        let status_config = crate::kube::status::StatusConfig {
+            qps: f64::from(writes.status_qps),
+            burst: writes.status_qps.saturating_mul(2),
+            min_backoff: writes.backoff,
+            max_backoff: writes.max_backoff,
+        };
+        let (client, snapshots) = (client.clone(), snapshots.clone());
+        let (leader, stop) = (leadership.receiver(), shutdown.clone());
+        tasks.spawn(async move {
+            crate::kube::status::run(client, snapshots, leader, status_config, stop).await;
+            Ok(())
+        });
+    }
+
     let index = Index::new(config.settings.clone());
     let index_metrics = metrics.clone();
     let debounce = config.debounce;

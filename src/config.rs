@@ -187,6 +187,29 @@ pub struct ServeArgs {
     )]
     pub ca_secrets: bool,
 
+    /// Cluster mode: the leader writes status conditions as istiod does: ZtunnelAccepted on
+    /// AuthorizationPolicies, istio.io/WaypointBound on Services, ServiceEntries and
+    /// WorkloadEntries. Turn off when istiod (PILOT_ENABLE_AMBIENT status) writes them.
+    #[arg(
+        long,
+        env = "AMBIENTD_WRITE_STATUS",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_name = "BOOL"
+    )]
+    pub write_status: bool,
+
+    /// Status writes: API calls per second (reads and patches together; bursts of twice as
+    /// many), so a mass change drains at a steady pace.
+    #[arg(
+        long,
+        env = "AMBIENTD_STATUS_QPS",
+        default_value_t = 20,
+        value_parser = clap::value_parser!(u32).range(1..),
+        value_name = "N"
+    )]
+    pub status_qps: u32,
+
     #[command(flatten)]
     pub ca: crate::ca::CaArgs,
 }
@@ -347,6 +370,8 @@ fn cluster_writes(args: &ServeArgs) -> Result<crate::kube::writes::ClusterWrites
         leader,
         ca_secrets: args.ca_secrets && args.ca.cacerts.is_none(),
         root_configmaps: args.root_configmaps,
+        status: args.write_status,
+        status_qps: args.status_qps,
         ..crate::kube::writes::ClusterWrites::new(&args.system_namespace)
     })
 }
@@ -455,6 +480,24 @@ mod tests {
     }
 
     #[test]
+    fn status_writes_can_be_turned_off_and_paced() {
+        let args = [
+            "--kubeconfig",
+            "/k",
+            "--write-status=false",
+            "--status-qps",
+            "5",
+        ];
+        let writes = Config::try_from(parse(&args).unwrap())
+            .unwrap()
+            .writes
+            .unwrap();
+        assert!(!writes.status);
+        assert_eq!(writes.status_qps, 5);
+        assert!(parse(&["--kubeconfig", "/k", "--status-qps", "0"]).is_err());
+    }
+
+    #[test]
     fn cluster_mode_elects_and_writes_by_default() {
         let config = Config::try_from(parse(&["--kubeconfig", "/k"]).unwrap()).unwrap();
         let writes = config.writes.expect("cluster writes");
@@ -464,6 +507,8 @@ mod tests {
         assert_eq!(leader.lease_duration, Duration::from_secs(15));
         assert_eq!(leader.renew_grace, Duration::from_secs(5));
         assert!(writes.ca_secrets && writes.root_configmaps);
+        assert!(writes.status);
+        assert_eq!(writes.status_qps, 20);
 
         let config = Config::try_from(
             parse(&[

@@ -341,3 +341,31 @@ fn ztunnel_accepted_on_policies() {
         (true, "Accepted".into(), "attached to ztunnel".into())
     );
 }
+
+#[test]
+fn a_status_only_change_is_a_change() {
+    // DENY on port 80 with an HTTP path: ztunnel enforces port 80 alone, exactly as for the
+    // fixed policy, so only the condition differs; the snapshot must still be published.
+    let deny = |paths: Vec<String>| AuthorizationPolicy {
+        name: "p".into(),
+        namespace: NS.into(),
+        action: ambientd::discovery::authorization::PolicyAction::Deny,
+        rules: vec![PolicyRule {
+            to: vec![Operation {
+                paths,
+                ports: vec!["80".into()],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let mut index = index_of(base());
+    index.apply(Object::AuthorizationPolicy(deny(vec!["/a".into()])));
+    index.snapshot();
+    let changes = index.apply(Object::AuthorizationPolicy(deny(vec![])));
+    assert!(changes.authorizations.is_empty(), "{changes:?}");
+    let object = target(StatusKind::AuthorizationPolicy, NS, "p");
+    assert_eq!(changes.statuses.iter().collect::<Vec<_>>(), vec![&object]);
+    assert!(index.has_unpublished());
+}

@@ -102,16 +102,20 @@ impl TypeChanges {
 pub struct Changes {
     pub addresses: TypeChanges,
     pub authorizations: TypeChanges,
+    /// Objects whose wanted status condition changed (or that came or went), even when no
+    /// resource did: a snapshot is published for them too, for the status writer.
+    pub statuses: BTreeSet<StatusTarget>,
 }
 
 impl Changes {
     pub fn is_empty(&self) -> bool {
-        self.addresses.is_empty() && self.authorizations.is_empty()
+        self.addresses.is_empty() && self.authorizations.is_empty() && self.statuses.is_empty()
     }
 
     pub fn merge(&mut self, later: &Changes) {
         self.addresses.merge(&later.addresses);
         self.authorizations.merge(&later.authorizations);
+        self.statuses.extend(later.statuses.iter().cloned());
     }
 
     pub fn of(&self, kind: TypeKind) -> &TypeChanges {

@@ -1,6 +1,6 @@
 //! What ambientd writes to the cluster, and who writes it: the settings that `app` wires into
-//! [`leader`](crate::kube::leader), [`ca_secret`](crate::kube::ca_secret) and
-//! [`root_configmap`](crate::kube::root_configmap).
+//! [`leader`](crate::kube::leader), [`ca_secret`](crate::kube::ca_secret),
+//! [`root_configmap`](crate::kube::root_configmap) and [`status`](crate::kube::status).
 
 use std::time::Duration;
 
@@ -17,6 +17,10 @@ pub struct ClusterWrites {
     pub ca_secrets: bool,
     /// The leader distributes the root bundle as ConfigMap `istio-ca-root-cert`.
     pub root_configmaps: bool,
+    /// The leader writes status conditions (`ZtunnelAccepted`, `istio.io/WaypointBound`).
+    pub status: bool,
+    /// Status API calls per second (reads and patches), the leader's budget for a mass change.
+    pub status_qps: u32,
     /// First retry delay after a failed write, doubling up to `max_backoff`.
     pub backoff: Duration,
     pub max_backoff: Duration,
@@ -29,6 +33,8 @@ impl ClusterWrites {
             leader: Some(LeaderConfig::new(namespace)),
             ca_secrets: true,
             root_configmaps: true,
+            status: true,
+            status_qps: 20,
             backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(60),
         }

@@ -311,7 +311,7 @@ impl Index {
             let built = self.build(&target, &mut reads);
             self.record_reads(&target, reads);
             if let Some((object, desired)) = built.status {
-                self.set_status(object, desired);
+                self.set_status(object, desired, &mut changes);
             }
             let names: BTreeSet<(TypeKind, String)> = built
                 .resources
@@ -344,7 +344,12 @@ impl Index {
     }
 
     /// Keeps one object's desired condition (and a policy's entry in `policy_status`).
-    fn set_status(&mut self, object: StatusTarget, desired: Option<DesiredStatus>) {
+    fn set_status(
+        &mut self,
+        object: StatusTarget,
+        desired: Option<DesiredStatus>,
+        changes: &mut Changes,
+    ) {
         if object.kind == StatusKind::AuthorizationPolicy {
             let name = format!("{}/{}", object.namespace, object.name);
             match desired.as_ref().and_then(|d| d.condition.as_ref()) {
@@ -359,12 +364,14 @@ impl Index {
         }
         match desired {
             Some(d) if self.statuses.get(&object) != Some(&d) => {
-                self.statuses.insert(object, d);
+                self.statuses.insert(object.clone(), d);
+                changes.statuses.insert(object);
             }
             Some(_) => {}
             // Removing an absent key would still copy the shared map's path.
             None if self.statuses.contains_key(&object) => {
                 self.statuses.remove(&object);
+                changes.statuses.insert(object);
             }
             None => {}
         }
