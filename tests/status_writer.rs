@@ -441,3 +441,21 @@ async fn a_conflict_is_read_again() {
     );
     h.stop().await;
 }
+
+#[tokio::test]
+async fn a_writer_behind_the_change_history_compares_whole_maps() {
+    let mut h = Harness::start(true).await;
+    h.apply(&[base(), vec![service(Some("wp"), 1)]].concat());
+    h.until(SVC, "written", |c| find(c, BOUND).is_some()).await;
+    // More snapshots than the history keeps, published before the writer runs again.
+    h.apply(&[service(Some("missing"), 2)]);
+    for i in 0..70 {
+        let name = format!("other-{i}");
+        h.apply(&[json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})]);
+    }
+    h.until(SVC, "flipped", |c| {
+        find(c, BOUND).is_some_and(|b| b["status"] == "False")
+    })
+    .await;
+    h.stop().await;
+}

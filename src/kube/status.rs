@@ -155,6 +155,7 @@ pub async fn run(
         snapshots,
         leader,
         seen: PersistentMap::default(),
+        seen_generation: 0,
         observed: HashMap::new(),
         queue: Queue::default(),
     };
@@ -172,8 +173,9 @@ struct Writer {
     limiter: RateLimiter,
     snapshots: watch::Receiver<Option<Arc<Snapshot>>>,
     leader: watch::Receiver<bool>,
-    /// The snapshot map last looked at.
+    /// The snapshot map last looked at, and that snapshot's generation.
     seen: Statuses,
+    seen_generation: u64,
     /// ambientd's condition as last read or written, per object that carries one.
     observed: HashMap<StatusTarget, Observed>,
     queue: Queue,
@@ -196,6 +198,7 @@ impl Writer {
             self.queue.clear();
             self.observed.clear();
             self.seen = Statuses::default();
+            self.seen_generation = 0;
             info!("no longer leading: status writes stopped");
         }
     }
@@ -204,12 +207,8 @@ impl Writer {
         *self.leader.borrow()
     }
 
-    fn latest(&self) -> Statuses {
-        self.snapshots
-            .borrow()
-            .as_ref()
-            .map(|s| s.statuses.clone())
-            .unwrap_or_default()
+    fn latest(&self) -> Option<Arc<Snapshot>> {
+        self.snapshots.borrow().clone()
     }
 
     /// Lists what every object carries and queues each one that differs. False if leadership
@@ -232,15 +231,18 @@ impl Writer {
                 }
             }
         }
-        let latest = self.latest();
+        let Some(latest) = self.latest() else {
+            return false;
+        };
         let now = Instant::now();
-        for (target, desired) in latest.iter() {
+        for (target, desired) in latest.statuses.iter() {
             if !conditions::satisfied(desired, self.observed.get(target)) {
                 self.queue.push(target.clone(), now, 0);
             }
         }
         info!(pending = self.queue.len(), "status conditions to write");
-        self.seen = latest;
+        self.seen = latest.statuses.clone();
+        self.seen_generation = latest.generation;
         true
     }
 
@@ -296,7 +298,9 @@ impl Writer {
                     if changed.is_err() {
                         std::future::pending::<()>().await;
                     }
-                    self.absorb(self.latest());
+                    if let Some(latest) = self.latest() {
+                        self.absorb(&latest);
+                    }
                 }
                 _ = sleep_until(due), if due.is_some() => {
                     if let Some((target, attempts)) = self.queue.pop_due(Instant::now()) {
@@ -307,23 +311,32 @@ impl Writer {
         }
     }
 
-    /// Queues the objects whose wish changed since the last snapshot and is not yet met.
-    fn absorb(&mut self, latest: Statuses) {
+    /// Queues the objects whose wish changed since the last snapshot and is not yet met. The
+    /// snapshot's change history names them; a writer that fell behind it compares maps.
+    fn absorb(&mut self, snapshot: &Snapshot) {
+        let latest = snapshot.statuses.clone();
         if latest.ptr_eq(&self.seen) {
+            self.seen_generation = snapshot.generation;
             return;
         }
+        let changed: Vec<StatusTarget> = match snapshot.changes_since(self.seen_generation) {
+            Some(changes) => changes.statuses.into_iter().collect(),
+            None => {
+                let mut changed: Vec<StatusTarget> = latest
+                    .iter()
+                    .filter(|(target, desired)| self.seen.get(*target) != Some(*desired))
+                    .map(|(target, _)| target.clone())
+                    .collect();
+                changed.extend(
+                    self.seen
+                        .keys()
+                        .filter(|target| !latest.contains_key(*target))
+                        .cloned(),
+                );
+                changed
+            }
+        };
         let now = Instant::now();
-        let mut changed: Vec<StatusTarget> = Vec::new();
-        for (target, desired) in latest.iter() {
-            if self.seen.get(target) != Some(desired) {
-                changed.push(target.clone());
-            }
-        }
-        for target in self.seen.keys() {
-            if !latest.contains_key(target) {
-                changed.push(target.clone());
-            }
-        }
         for target in changed {
             match latest.get(&target) {
                 // Deleted: nothing to write on it.
@@ -338,6 +351,7 @@ impl Writer {
             }
         }
         self.seen = latest;
+        self.seen_generation = snapshot.generation;
     }
 
     /// Reads one object, merges the condition the latest snapshot wants, and patches it.
