@@ -138,6 +138,14 @@ async fn racing_replicas_create_one_ca_secret_and_later_ones_reuse_it() {
     let c = replica(&fake, "c", &[]).await;
     assert_eq!(c.root().trim(), stored.trim());
     assert_eq!(posts_to(&fake, "secrets").len(), creates.len());
+
+    // Deleted while running: the leader puts the CA in use back, so the root stays.
+    assert!(fake.delete("v1", "Secret", SYSTEM, "istio-ca-secret"));
+    until("istio-ca-secret re-created", || {
+        ca_secret(&fake).is_some_and(|s| bytes(&s["data"]["ca-cert.pem"]) == stored.as_bytes())
+    })
+    .await;
+    assert_eq!(a.root().trim(), stored.trim());
     for r in [a, b, c] {
         r.running.stop().await;
     }
@@ -234,6 +242,24 @@ async fn root_configmaps_everywhere_selected_restored_and_refreshed() {
     // Never in excluded, unselected or terminating namespaces.
     for ns in ["kube-public", "kube-node-lease", "other", "dying"] {
         assert!(root_in(&fake, ns).is_none(), "a root ConfigMap in {ns}");
+    }
+    // Every write is one the Helm chart's RBAC grants (docs/deployment.md).
+    for call in fake.api_calls() {
+        let allowed = match (
+            call.verb.as_str(),
+            call.group.as_str(),
+            call.resource.as_str(),
+        ) {
+            ("get" | "list" | "watch", _, _) => true,
+            ("create", "authentication.k8s.io", "tokenreviews") => true,
+            ("create" | "patch", "", "configmaps") => call.subresource.is_none(),
+            ("create" | "patch", "coordination.k8s.io", "leases") => {
+                call.namespace.as_deref() == Some(SYSTEM)
+            }
+            ("create", "", "secrets") => call.namespace.as_deref() == Some(SYSTEM),
+            _ => false,
+        };
+        assert!(allowed, "an API call outside the documented set: {call}");
     }
     for call in posts_to(&fake, "configmaps") {
         let ns = call.namespace.unwrap_or_default();
