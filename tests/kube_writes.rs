@@ -276,7 +276,7 @@ fn foreign_lease(fake: &FakeApiServer) -> Value {
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
     let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
         "metadata": {"name": "ambientd-leader", "namespace": SYSTEM},
-        "spec": {"holderIdentity": "someone-else", "leaseDurationSeconds": 2,
+        "spec": {"holderIdentity": "someone-else", "leaseDurationSeconds": 3,
                  "acquireTime": now, "renewTime": now}});
     fake.apply(lease.clone());
     lease
@@ -300,7 +300,7 @@ async fn a_non_leader_writes_nothing_until_it_leads() {
     while Instant::now() < end {
         foreign_lease(&fake);
         assert!(!replica.running.leadership.is_leader());
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
     assert!(root_in(&fake, "app").is_none());
     assert_eq!(fake.writes(), vec![], "a non-leader wrote");
