@@ -151,6 +151,37 @@ async fn racing_replicas_create_one_ca_secret_and_later_ones_reuse_it() {
     }
 }
 
+#[tokio::test]
+async fn a_replica_that_loses_the_create_race_uses_the_winners_secret() {
+    use ambientd::kube::ca_secret::{CaSecrets, Origin};
+    let fake = FakeApiServer::start().await;
+    fake.apply(namespace(SYSTEM, json!({})));
+    let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let winner = CaSecrets::new(fake.client(), SYSTEM, "cluster.local", dirs.0.path());
+    let won = winner.ensure().await.unwrap();
+    assert_eq!(won.origin, Origin::SelfSigned);
+
+    // The loser read both Secrets as absent just before the winner created one: its create
+    // gets 409 AlreadyExists, and it re-reads and adopts the winner's CA.
+    fake.fail_requests("GET", "secrets", 2, 404);
+    let loser = CaSecrets::new(fake.client(), SYSTEM, "cluster.local", dirs.1.path());
+    let lost = loser.ensure().await.unwrap();
+    assert_eq!(lost, won);
+    assert_eq!(posts_to(&fake, "secrets").len(), 2, "both tried to create");
+    for name in [
+        "ca-cert.pem",
+        "ca-key.pem",
+        "root-cert.pem",
+        "cert-chain.pem",
+    ] {
+        assert_eq!(
+            std::fs::read(loser.dir().join(name)).unwrap(),
+            std::fs::read(winner.dir().join(name)).unwrap(),
+            "{name}"
+        );
+    }
+}
+
 /// A plugged-in CA (istiod's `cacerts` layout), generated fresh.
 fn cacerts_secret() -> (Value, String) {
     let generated =
@@ -183,6 +214,8 @@ async fn root_configmaps_everywhere_selected_restored_and_refreshed() {
     fake.apply(namespace("dying", on.clone()));
     fake.terminate_namespace("dying");
 
+    // The first creates fail: they are retried with backoff.
+    fake.fail_requests("POST", "configmaps", 3, 500);
     let replica = replica(&fake, "a", &["istio-discovery=enabled"]).await;
     let root = replica.root();
     for ns in [SYSTEM, "app", "kube-system"] {
