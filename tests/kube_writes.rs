@@ -139,6 +139,25 @@ async fn racing_replicas_create_one_ca_secret_and_later_ones_reuse_it() {
     assert_eq!(c.root().trim(), stored.trim());
     assert_eq!(posts_to(&fake, "secrets").len(), creates.len());
 
+    // Exactly one of the three leads, and says so on /metrics.
+    let leaders = |rs: &[&Replica]| {
+        rs.iter()
+            .filter(|r| r.running.leadership.is_leader())
+            .count()
+    };
+    until("one leader among three replicas", || {
+        let n = leaders(&[&a, &b, &c]);
+        assert!(n <= 1, "{n} leaders at once");
+        n == 1
+    })
+    .await;
+    for r in [&a, &b, &c] {
+        assert_eq!(
+            r.running.metrics.leader.get(),
+            i64::from(r.running.leadership.is_leader())
+        );
+    }
+
     // Deleted while running: the leader puts the CA in use back, so the root stays.
     assert!(fake.delete("v1", "Secret", SYSTEM, "istio-ca-secret"));
     until("istio-ca-secret re-created", || {
@@ -146,7 +165,19 @@ async fn racing_replicas_create_one_ca_secret_and_later_ones_reuse_it() {
     })
     .await;
     assert_eq!(a.root().trim(), stored.trim());
-    for r in [a, b, c] {
+
+    // The leader stops: another replica takes over.
+    let (leader, rest): (Vec<Replica>, Vec<Replica>) = [a, b, c]
+        .into_iter()
+        .partition(|r| r.running.leadership.is_leader());
+    for r in leader {
+        r.running.stop().await;
+    }
+    until("a new leader after the old one stopped", || {
+        leaders(&[&rest[0], &rest[1]]) == 1
+    })
+    .await;
+    for r in rest {
         r.running.stop().await;
     }
 }
