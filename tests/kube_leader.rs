@@ -122,9 +122,9 @@ async fn two_electors_one_leader_and_failover_when_it_stops_renewing() {
     }
     let failover = crashed.elapsed();
     // Expiry (at most the lease duration after the last renewal) plus the manager's random
-    // wait (under 1 s) after clearing an expired holder, plus scheduling slack.
+    // wait (under 1 s) after clearing an expired holder, plus slack for a loaded machine.
     assert!(
-        failover <= LEASE + Duration::from_millis(2500),
+        failover <= LEASE + Duration::from_millis(3500),
         "failover took {failover:?}"
     );
     assert_eq!(holder(&fake).as_deref(), Some(other.identity.as_str()));

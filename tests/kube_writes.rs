@@ -138,8 +138,78 @@ async fn racing_replicas_create_one_ca_secret_and_later_ones_reuse_it() {
     let c = replica(&fake, "c", &[]).await;
     assert_eq!(c.root().trim(), stored.trim());
     assert_eq!(posts_to(&fake, "secrets").len(), creates.len());
-    for r in [a, b, c] {
+
+    // Exactly one of the three leads, and says so on /metrics.
+    let leaders = |rs: &[&Replica]| {
+        rs.iter()
+            .filter(|r| r.running.leadership.is_leader())
+            .count()
+    };
+    until("one leader among three replicas", || {
+        let n = leaders(&[&a, &b, &c]);
+        assert!(n <= 1, "{n} leaders at once");
+        n == 1
+    })
+    .await;
+    for r in [&a, &b, &c] {
+        assert_eq!(
+            r.running.metrics.leader.get(),
+            i64::from(r.running.leadership.is_leader())
+        );
+    }
+
+    // Deleted while running: the leader puts the CA in use back, so the root stays.
+    assert!(fake.delete("v1", "Secret", SYSTEM, "istio-ca-secret"));
+    until("istio-ca-secret re-created", || {
+        ca_secret(&fake).is_some_and(|s| bytes(&s["data"]["ca-cert.pem"]) == stored.as_bytes())
+    })
+    .await;
+    assert_eq!(a.root().trim(), stored.trim());
+
+    // The leader stops: another replica takes over.
+    let (leader, rest): (Vec<Replica>, Vec<Replica>) = [a, b, c]
+        .into_iter()
+        .partition(|r| r.running.leadership.is_leader());
+    for r in leader {
         r.running.stop().await;
+    }
+    until("a new leader after the old one stopped", || {
+        leaders(&[&rest[0], &rest[1]]) == 1
+    })
+    .await;
+    for r in rest {
+        r.running.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_replica_that_loses_the_create_race_uses_the_winners_secret() {
+    use ambientd::kube::ca_secret::{CaSecrets, Origin};
+    let fake = FakeApiServer::start().await;
+    fake.apply(namespace(SYSTEM, json!({})));
+    let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let winner = CaSecrets::new(fake.client(), SYSTEM, "cluster.local", dirs.0.path());
+    let won = winner.ensure().await.unwrap();
+    assert_eq!(won.origin, Origin::SelfSigned);
+
+    // The loser read both Secrets as absent just before the winner created one: its create
+    // gets 409 AlreadyExists, and it re-reads and adopts the winner's CA.
+    fake.fail_requests("GET", "secrets", 2, 404);
+    let loser = CaSecrets::new(fake.client(), SYSTEM, "cluster.local", dirs.1.path());
+    let lost = loser.ensure().await.unwrap();
+    assert_eq!(lost, won);
+    assert_eq!(posts_to(&fake, "secrets").len(), 2, "both tried to create");
+    for name in [
+        "ca-cert.pem",
+        "ca-key.pem",
+        "root-cert.pem",
+        "cert-chain.pem",
+    ] {
+        assert_eq!(
+            std::fs::read(loser.dir().join(name)).unwrap(),
+            std::fs::read(winner.dir().join(name)).unwrap(),
+            "{name}"
+        );
     }
 }
 
@@ -175,6 +245,8 @@ async fn root_configmaps_everywhere_selected_restored_and_refreshed() {
     fake.apply(namespace("dying", on.clone()));
     fake.terminate_namespace("dying");
 
+    // The first creates fail: they are retried with backoff.
+    fake.fail_requests("POST", "configmaps", 3, 500);
     let replica = replica(&fake, "a", &["istio-discovery=enabled"]).await;
     let root = replica.root();
     for ns in [SYSTEM, "app", "kube-system"] {
@@ -235,6 +307,24 @@ async fn root_configmaps_everywhere_selected_restored_and_refreshed() {
     for ns in ["kube-public", "kube-node-lease", "other", "dying"] {
         assert!(root_in(&fake, ns).is_none(), "a root ConfigMap in {ns}");
     }
+    // Every write is one the Helm chart's RBAC grants (docs/deployment.md).
+    for call in fake.api_calls() {
+        let allowed = match (
+            call.verb.as_str(),
+            call.group.as_str(),
+            call.resource.as_str(),
+        ) {
+            ("get" | "list" | "watch", _, _) => true,
+            ("create", "authentication.k8s.io", "tokenreviews") => true,
+            ("create" | "patch", "", "configmaps") => call.subresource.is_none(),
+            ("create" | "patch", "coordination.k8s.io", "leases") => {
+                call.namespace.as_deref() == Some(SYSTEM)
+            }
+            ("create", "", "secrets") => call.namespace.as_deref() == Some(SYSTEM),
+            _ => false,
+        };
+        assert!(allowed, "an API call outside the documented set: {call}");
+    }
     for call in posts_to(&fake, "configmaps") {
         let ns = call.namespace.unwrap_or_default();
         assert!(
@@ -250,7 +340,7 @@ fn foreign_lease(fake: &FakeApiServer) -> Value {
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
     let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
         "metadata": {"name": "ambientd-leader", "namespace": SYSTEM},
-        "spec": {"holderIdentity": "someone-else", "leaseDurationSeconds": 2,
+        "spec": {"holderIdentity": "someone-else", "leaseDurationSeconds": 3,
                  "acquireTime": now, "renewTime": now}});
     fake.apply(lease.clone());
     lease
@@ -274,7 +364,7 @@ async fn a_non_leader_writes_nothing_until_it_leads() {
     while Instant::now() < end {
         foreign_lease(&fake);
         assert!(!replica.running.leadership.is_leader());
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
     assert!(root_in(&fake, "app").is_none());
     assert_eq!(fake.writes(), vec![], "a non-leader wrote");

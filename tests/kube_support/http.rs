@@ -151,7 +151,14 @@ pub(super) async fn handle(
         failure
     };
     if let Some(code) = failure {
-        return error_response(code, "InternalError", "injected failure");
+        let reason = match code {
+            403 => "Forbidden",
+            404 => "NotFound",
+            409 => "Conflict",
+            503 => "ServiceUnavailable",
+            _ => "InternalError",
+        };
+        return error_response(code, reason, "injected failure");
     }
     if method == Method::POST && uri.path() == "/apis/authentication.k8s.io/v1/tokenreviews" {
         return token_review(&shared, &body);

@@ -10,10 +10,12 @@
 #![allow(dead_code)]
 
 mod http;
+mod log;
 mod net;
+mod patch;
 mod write;
 
-pub use write::{ApiCall, Request};
+pub use log::{ApiCall, Request};
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -159,7 +161,7 @@ struct FakeState {
     next_page: u64,
     requests: Vec<Request>,
     /// Injected failures: (method, plural, remaining, status code).
-    failures: Vec<write::Failure>,
+    failures: Vec<log::Failure>,
     /// Field ownership per object, for server-side apply conflicts.
     managers: HashMap<(usize, String, String), BTreeMap<String, String>>,
     tokens: HashMap<String, Value>,
