@@ -459,3 +459,24 @@ async fn a_writer_behind_the_change_history_compares_whole_maps() {
     .await;
     h.stop().await;
 }
+
+#[tokio::test]
+async fn a_recreated_object_gets_its_condition_again() {
+    let mut h = Harness::start(true).await;
+    h.apply(&[base(), vec![service(Some("wp"), 1)]].concat());
+    h.until(SVC, "written", |c| find(c, BOUND).is_some()).await;
+    // Deleted and created again (without our condition) between two snapshots.
+    h.fake.delete("v1", "Service", "ns", "svc");
+    h.index.delete(&ambientd::discovery::ObjectRef {
+        kind: ambientd::discovery::Kind::Service,
+        namespace: "ns".into(),
+        name: "svc".into(),
+    });
+    h.apply(&[service(Some("wp"), 1)]);
+    assert!(find(&conditions(&h.object("v1", "Service", "svc")), BOUND).is_none());
+    h.until(SVC, "written on the new object", |c| {
+        find(c, BOUND).is_some()
+    })
+    .await;
+    h.stop().await;
+}

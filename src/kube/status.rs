@@ -5,9 +5,9 @@
 //!
 //! * **Only differences are written.** On gaining leadership the writer lists the four kinds
 //!   once to learn which objects carry its condition, then writes only where that differs
-//!   from what the snapshot wants. After that it follows snapshots: a condition is written
-//!   when the snapshot's wish for that object changes and differs from what the writer last
-//!   saw or wrote. An unchanged snapshot map costs a pointer comparison.
+//!   from what the snapshot wants. After that it follows snapshots: an object is looked at
+//!   only when the snapshot's wish for it changes (the snapshot's change history names it),
+//!   and patched only if what it carries differs. An unchanged wish costs nothing.
 //! * **Other conditions are kept.** Each write reads the object's status, merges ambientd's
 //!   one condition into `status.conditions` (replacing or removing only its own type), and
 //!   sends a JSON merge patch to the `status` subresource carrying the read
@@ -156,7 +156,6 @@ pub async fn run(
         leader,
         seen: PersistentMap::default(),
         seen_generation: 0,
-        observed: HashMap::new(),
         queue: Queue::default(),
     };
     tokio::select! {
@@ -176,8 +175,6 @@ struct Writer {
     /// The snapshot map last looked at, and that snapshot's generation.
     seen: Statuses,
     seen_generation: u64,
-    /// ambientd's condition as last read or written, per object that carries one.
-    observed: HashMap<StatusTarget, Observed>,
     queue: Queue,
 }
 
@@ -196,7 +193,6 @@ impl Writer {
                 self.follow().await;
             }
             self.queue.clear();
-            self.observed.clear();
             self.seen = Statuses::default();
             self.seen_generation = 0;
             info!("no longer leading: status writes stopped");
@@ -215,28 +211,25 @@ impl Writer {
     /// was lost first.
     async fn reconcile_all(&mut self) -> bool {
         let mut backoff = self.config.min_backoff;
-        loop {
+        let observed = loop {
             if !self.leading() {
                 return false;
             }
             match self.list_observed().await {
-                Ok(observed) => {
-                    self.observed = observed;
-                    break;
-                }
+                Ok(observed) => break observed,
                 Err(e) => {
                     warn!(error = %e, retry_in = ?backoff, "listing objects for status failed");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(self.config.max_backoff);
                 }
             }
-        }
+        };
         let Some(latest) = self.latest() else {
             return false;
         };
         let now = Instant::now();
         for (target, desired) in latest.statuses.iter() {
-            if !conditions::satisfied(desired, self.observed.get(target)) {
+            if !conditions::satisfied(desired, observed.get(target)) {
                 self.queue.push(target.clone(), now, 0);
             }
         }
@@ -284,20 +277,21 @@ impl Writer {
         Ok(observed)
     }
 
-    /// Follows snapshots and writes what differs, until leadership is lost.
+    /// Follows snapshots and writes what differs, until leadership is lost. A closed channel
+    /// keeps its last value.
     async fn follow(&mut self) {
+        let (mut leader_open, mut snapshots_open) = (true, true);
         loop {
             let due = self.queue.next_due();
             tokio::select! {
-                changed = self.leader.changed() => {
-                    if changed.is_err() || !*self.leader.borrow_and_update() {
+                changed = self.leader.changed(), if leader_open => {
+                    leader_open = changed.is_ok();
+                    if !*self.leader.borrow_and_update() {
                         return;
                     }
                 }
-                changed = self.snapshots.changed() => {
-                    if changed.is_err() {
-                        std::future::pending::<()>().await;
-                    }
+                changed = self.snapshots.changed(), if snapshots_open => {
+                    snapshots_open = changed.is_ok();
                     if let Some(latest) = self.latest() {
                         self.absorb(&latest);
                     }
@@ -311,8 +305,10 @@ impl Writer {
         }
     }
 
-    /// Queues the objects whose wish changed since the last snapshot and is not yet met. The
-    /// snapshot's change history names them; a writer that fell behind it compares maps.
+    /// Queues the objects whose wish changed since the last snapshot; the write reads each
+    /// one and patches only if it differs (the object may also have been re-created, so what
+    /// was written before says nothing). The snapshot's change history names them; a writer
+    /// that fell behind it compares maps.
     fn absorb(&mut self, snapshot: &Snapshot) {
         let latest = snapshot.statuses.clone();
         if latest.ptr_eq(&self.seen) {
@@ -340,13 +336,7 @@ impl Writer {
         for target in changed {
             match latest.get(&target) {
                 // Deleted: nothing to write on it.
-                None => {
-                    self.observed.remove(&target);
-                    self.queue.remove(&target);
-                }
-                Some(desired) if conditions::satisfied(desired, self.observed.get(&target)) => {
-                    self.queue.remove(&target);
-                }
+                None => self.queue.remove(&target),
                 Some(_) => self.queue.push(target, now, 0),
             }
         }
@@ -357,22 +347,11 @@ impl Writer {
     /// Reads one object, merges the condition the latest snapshot wants, and patches it.
     async fn write(&mut self, target: StatusTarget, attempts: u32) {
         let Some(desired) = self.seen.get(&target).cloned() else {
-            self.observed.remove(&target);
             return;
         };
-        if conditions::satisfied(&desired, self.observed.get(&target)) {
-            return;
-        }
         match self.read_merge_patch(&target, &desired).await {
-            Ok(Outcome::Written) => {
-                debug!(object = %target, "status condition written");
-                set_observed(&mut self.observed, &target, Observed::of(&desired));
-            }
-            Ok(Outcome::AlreadyThere(found)) => set_observed(&mut self.observed, &target, found),
-            Ok(Outcome::Gone) => {
-                self.observed.remove(&target);
-            }
-            Ok(Outcome::NotLeading) => {}
+            Ok(Outcome::Written) => debug!(object = %target, "status condition written"),
+            Ok(Outcome::AlreadyThere | Outcome::Gone | Outcome::NotLeading) => {}
             Err(e) if e.code() == Some(409) && attempts < CONFLICT_RETRIES => {
                 debug!(object = %target, "status write conflicted; reading again");
                 self.queue.push(target, Instant::now(), attempts + 1);
@@ -409,10 +388,7 @@ impl Writer {
         let current = conditions_of(&object.data);
         let Some(merged) = conditions::merge(current, condition_type, desired, SystemTime::now())
         else {
-            return Ok(Outcome::AlreadyThere(conditions::find(
-                current,
-                condition_type,
-            )));
+            return Ok(Outcome::AlreadyThere);
         };
         let merged = if merged.is_empty() {
             Value::Null
@@ -443,25 +419,10 @@ impl Writer {
 
 enum Outcome {
     Written,
-    /// The object already shows the wish (someone else wrote it, or our view was stale).
-    AlreadyThere(Option<Observed>),
+    /// The object already shows the wish.
+    AlreadyThere,
     Gone,
     NotLeading,
-}
-
-fn set_observed(
-    map: &mut HashMap<StatusTarget, Observed>,
-    target: &StatusTarget,
-    o: Option<Observed>,
-) {
-    match o {
-        Some(o) => {
-            map.insert(target.clone(), o);
-        }
-        None => {
-            map.remove(target);
-        }
-    }
 }
 
 /// `status.conditions` of an object's JSON, or nothing.
