@@ -197,8 +197,9 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         };
         let (client, snapshots) = (client.clone(), snapshots.clone());
         let (leader, stop) = (leadership.receiver(), shutdown.clone());
+        let metrics = metrics.clone();
         tasks.spawn(async move {
-            crate::kube::status::run(client, snapshots, leader, status_config, stop).await;
+            crate::kube::status::run(client, snapshots, leader, status_config, metrics, stop).await;
             Ok(())
         });
     }

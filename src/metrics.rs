@@ -53,6 +53,14 @@ pub struct VersionLabel {
     pub version: String,
 }
 
+/// A status write's object kind and outcome (`written`, `unchanged`, `gone`, `conflict`,
+/// `error`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabel {
+    pub kind: String,
+    pub result: String,
+}
+
 fn latency_histogram() -> Histogram {
     // 100 µs .. ~13 s.
     Histogram::new(exponential_buckets(0.0001, 2.0, 18))
@@ -101,6 +109,10 @@ pub struct Metrics {
     /// ambientd: source health.
     pub source_restarts: Counter,
     pub source_last_sync: Gauge<f64, AtomicU64>,
+    /// ambientd: status conditions the leader wrote (or found right, or failed to write), and
+    /// objects waiting to be written.
+    pub status_writes: Family<StatusLabel, Counter>,
+    pub status_pending: Gauge,
     /// Resident memory, refreshed on each scrape.
     pub resident_memory: Gauge,
     started: SystemTime,
@@ -147,6 +159,8 @@ impl Metrics {
         let source_restarts = Counter::default();
         let source_last_sync = Gauge::<f64, AtomicU64>::default();
         let resident_memory = Gauge::default();
+        let status_writes = Family::<StatusLabel, Counter>::default();
+        let status_pending = Gauge::default();
 
         // Counters get `_total` appended by OpenMetrics; istiod's names are kept as the stem.
         registry.register("pilot_xds", "Connected xDS clients", xds_clients.clone());
@@ -238,6 +252,16 @@ impl Metrics {
             source_last_sync.clone(),
         );
         registry.register(
+            "ambientd_status_writes",
+            "Status conditions handled by the leader, by object kind and result",
+            status_writes.clone(),
+        );
+        registry.register(
+            "ambientd_status_pending",
+            "Objects whose status condition waits to be written",
+            status_pending.clone(),
+        );
+        registry.register(
             "ambientd_resident_memory_bytes",
             "Resident set size of the process",
             resident_memory.clone(),
@@ -264,6 +288,8 @@ impl Metrics {
             generation,
             source_restarts,
             source_last_sync,
+            status_writes,
+            status_pending,
             resident_memory,
             started: SystemTime::now(),
             recent: Mutex::new(VecDeque::new()),

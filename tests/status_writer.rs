@@ -15,6 +15,7 @@ use std::time::Duration;
 use ambientd::discovery::{Index, Settings, Snapshot};
 use ambientd::kube::objects::{Decoded, decode};
 use ambientd::kube::status::{self, StatusConfig};
+use ambientd::metrics::{Metrics, StatusLabel};
 use kube_support::{ApiCall, FakeApiServer};
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -30,6 +31,7 @@ const ACCEPTED: &str = "ZtunnelAccepted";
 
 struct Harness {
     fake: FakeApiServer,
+    metrics: Arc<Metrics>,
     index: Index,
     publish: watch::Sender<Option<Arc<Snapshot>>>,
     leader: watch::Sender<bool>,
@@ -49,15 +51,18 @@ impl Harness {
             min_backoff: Duration::from_millis(20),
             max_backoff: Duration::from_millis(200),
         };
+        let metrics = Arc::new(Metrics::new());
         let task = tokio::spawn(status::run(
             fake.client(),
             snapshots,
             leading_rx,
             config,
+            metrics.clone(),
             stop.clone(),
         ));
         Harness {
             fake,
+            metrics,
             index: Index::new(Settings::default()),
             publish,
             leader,
@@ -417,6 +422,18 @@ async fn failures_are_retried_and_deleted_objects_skipped() {
         .filter(|r| r.method == "PATCH" && r.path.ends_with("/svc/status"))
         .count();
     assert_eq!(patches, 3, "two failures, then success");
+    let count = |kind: &str, result: &str| {
+        h.metrics
+            .status_writes
+            .get_or_create(&StatusLabel {
+                kind: kind.into(),
+                result: result.into(),
+            })
+            .get()
+    };
+    assert_eq!(count("Service", "error"), 2);
+    assert_eq!(count("Service", "written"), 1);
+    assert_eq!(count("Service", "gone"), 1);
     h.stop().await;
 }
 

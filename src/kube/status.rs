@@ -46,6 +46,7 @@ use tracing::{debug, info, warn};
 use crate::discovery::Snapshot;
 use crate::discovery::snapshot::PersistentMap;
 use crate::discovery::status::{DesiredStatus, StatusKind, StatusTarget};
+use crate::metrics::{Metrics, StatusLabel};
 use conditions::Observed;
 
 /// Objects listed per page when reconciling everything.
@@ -146,10 +147,12 @@ pub async fn run(
     snapshots: watch::Receiver<Option<Arc<Snapshot>>>,
     leader: watch::Receiver<bool>,
     config: StatusConfig,
+    metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) {
     let mut writer = Writer {
         client,
+        metrics,
         limiter: RateLimiter::new(config.qps, config.burst),
         config,
         snapshots,
@@ -168,6 +171,7 @@ type Statuses = PersistentMap<StatusTarget, DesiredStatus>;
 
 struct Writer {
     client: kube::Client,
+    metrics: Arc<Metrics>,
     config: StatusConfig,
     limiter: RateLimiter,
     snapshots: watch::Receiver<Option<Arc<Snapshot>>>,
@@ -193,6 +197,7 @@ impl Writer {
                 self.follow().await;
             }
             self.queue.clear();
+            self.metrics.status_pending.set(0);
             self.seen = Statuses::default();
             self.seen_generation = 0;
             info!("no longer leading: status writes stopped");
@@ -282,6 +287,7 @@ impl Writer {
     async fn follow(&mut self) {
         let (mut leader_open, mut snapshots_open) = (true, true);
         loop {
+            self.metrics.status_pending.set(self.queue.len() as i64);
             let due = self.queue.next_due();
             tokio::select! {
                 changed = self.leader.changed(), if leader_open => {
@@ -349,20 +355,35 @@ impl Writer {
         let Some(desired) = self.seen.get(&target).cloned() else {
             return;
         };
-        match self.read_merge_patch(&target, &desired).await {
-            Ok(Outcome::Written) => debug!(object = %target, "status condition written"),
-            Ok(Outcome::AlreadyThere | Outcome::Gone | Outcome::NotLeading) => {}
+        let kind = target.kind.as_str();
+        let result = match self.read_merge_patch(&target, &desired).await {
+            Ok(Outcome::Written) => {
+                debug!(object = %target, "status condition written");
+                "written"
+            }
+            Ok(Outcome::AlreadyThere) => "unchanged",
+            Ok(Outcome::Gone) => "gone",
+            Ok(Outcome::NotLeading) => return,
             Err(e) if e.code() == Some(409) && attempts < CONFLICT_RETRIES => {
                 debug!(object = %target, "status write conflicted; reading again");
                 self.queue.push(target, Instant::now(), attempts + 1);
+                "conflict"
             }
             Err(e) => {
                 let delay = backoff(&self.config, attempts);
                 warn!(object = %target, error = %e, retry_in = ?delay, "writing status failed");
                 self.queue
                     .push(target, Instant::now() + delay, attempts.saturating_add(1));
+                "error"
             }
-        }
+        };
+        self.metrics
+            .status_writes
+            .get_or_create(&StatusLabel {
+                kind: kind.into(),
+                result: result.into(),
+            })
+            .inc();
     }
 
     async fn read_merge_patch(
