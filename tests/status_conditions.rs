@@ -368,4 +368,10 @@ fn a_status_only_change_is_a_change() {
     let object = target(StatusKind::AuthorizationPolicy, NS, "p");
     assert_eq!(changes.statuses.iter().collect::<Vec<_>>(), vec![&object]);
     assert!(index.has_unpublished());
+    // The snapshot history names it for the status writer, not for xDS streams.
+    let before = index.snapshot().generation - 1;
+    let after = index.snapshot();
+    let since = after.status_changes_since(before).unwrap();
+    assert_eq!(since.into_iter().collect::<Vec<_>>(), vec![object]);
+    assert!(after.changes_since(before).unwrap().is_empty());
 }

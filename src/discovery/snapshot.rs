@@ -179,22 +179,42 @@ impl Snapshot {
         }
     }
 
-    /// The changes between generation `since` and this snapshot, if history still covers them.
+    /// The resource changes between generation `since` and this snapshot, if history still
+    /// covers them. `statuses` is left empty: every xDS stream calls this, and only the status
+    /// writer needs those ([`Snapshot::status_changes_since`]).
     pub fn changes_since(&self, since: u64) -> Option<Changes> {
-        if since == self.generation {
-            return Some(Changes::default());
-        }
-        let first = self.history.front()?.0;
-        if since + 1 < first || since > self.generation {
-            return None;
-        }
         let mut all = Changes::default();
-        for (generation, changes) in self.history.iter() {
-            if *generation > since {
-                all.merge(changes);
-            }
+        for changes in self.history_since(since)? {
+            all.addresses.merge(&changes.addresses);
+            all.authorizations.merge(&changes.authorizations);
         }
         Some(all)
+    }
+
+    /// The objects whose wanted status condition changed between generation `since` and this
+    /// snapshot, if history still covers them.
+    pub fn status_changes_since(&self, since: u64) -> Option<BTreeSet<StatusTarget>> {
+        let mut all = BTreeSet::new();
+        for changes in self.history_since(since)? {
+            all.extend(changes.statuses.iter().cloned());
+        }
+        Some(all)
+    }
+
+    /// The history entries after generation `since`; `None` if history no longer reaches back.
+    fn history_since(&self, since: u64) -> Option<impl Iterator<Item = &Arc<Changes>>> {
+        if since != self.generation {
+            let first = self.history.front()?.0;
+            if since + 1 < first || since > self.generation {
+                return None;
+            }
+        }
+        Some(
+            self.history
+                .iter()
+                .filter(move |(generation, _)| *generation > since)
+                .map(|(_, changes)| changes),
+        )
     }
 
     /// istiod's `Lookup(key)` for Address resources: a workload uid; `network/ip` (the workloads

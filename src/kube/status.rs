@@ -321,8 +321,8 @@ impl Writer {
             self.seen_generation = snapshot.generation;
             return;
         }
-        let changed: Vec<StatusTarget> = match snapshot.changes_since(self.seen_generation) {
-            Some(changes) => changes.statuses.into_iter().collect(),
+        let changed: Vec<StatusTarget> = match snapshot.status_changes_since(self.seen_generation) {
+            Some(changed) => changed.into_iter().collect(),
             None => {
                 let mut changed: Vec<StatusTarget> = latest
                     .iter()
