@@ -497,3 +497,24 @@ async fn a_recreated_object_gets_its_condition_again() {
     .await;
     h.stop().await;
 }
+
+#[tokio::test]
+async fn a_failed_list_on_gaining_leadership_is_retried() {
+    let mut h = Harness::start(false).await;
+    h.apply(&[base(), vec![service(Some("wp"), 1)]].concat());
+    // The first GET on services is the writer's list when it starts leading.
+    h.fake.fail_requests("GET", "services", 1, 500);
+    h.leader.send_replace(true);
+    h.until(SVC, "written after the list was retried", |c| {
+        find(c, BOUND).is_some()
+    })
+    .await;
+    let lists = h
+        .fake
+        .request_log()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path == "/api/v1/services")
+        .count();
+    assert_eq!(lists, 2);
+    h.stop().await;
+}
