@@ -16,6 +16,7 @@ use crate::config::{Config, Source};
 use crate::debug::DebugState;
 use crate::discovery::{Index, Snapshot};
 use crate::kube::ManifestDir;
+use crate::kube::leader::{self, Leadership};
 use crate::metrics::Metrics;
 use crate::push::{AdsServer, Registry, Snapshots, indexer};
 
@@ -32,6 +33,8 @@ pub struct Running {
     pub metrics: Arc<Metrics>,
     /// Connected proxies.
     pub registry: Arc<Registry>,
+    /// Whether this replica writes to the cluster now (never without cluster writes).
+    pub leadership: Leadership,
     shutdown: CancellationToken,
     tasks: JoinSet<anyhow::Result<()>>,
 }
@@ -80,7 +83,39 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let metrics = Arc::new(Metrics::new());
     let registry = Arc::new(Registry::default());
 
+    // Cluster writes: who leads, then the CA's Secrets, then (below) the root ConfigMaps.
+    let cluster = match (&source, &config.source, &config.writes) {
+        (OpenedSource::Cluster(opened), Source::Cluster(cluster), Some(writes)) => {
+            Some((opened.client().clone(), cluster.clone(), writes.clone()))
+        }
+        _ => None,
+    };
+    let leadership = match &cluster {
+        Some((client, _, writes)) => match &writes.leader {
+            Some(leader_config) => {
+                let (tx, leadership) = Leadership::channel();
+                let (client, leader_config) = (client.clone(), leader_config.clone());
+                let gauge = metrics.leader.clone();
+                let stop = shutdown.clone();
+                tasks.spawn(async move {
+                    let on_change = move |leading: bool| {
+                        gauge.set(i64::from(leading));
+                    };
+                    leader::run(client, leader_config, tx, on_change, stop).await;
+                    Ok(())
+                });
+                leadership
+            }
+            None => {
+                metrics.leader.set(1);
+                Leadership::always()
+            }
+        },
+        None => Leadership::channel().1,
+    };
+
     let mut debug_authenticators = None;
+    let mut root_bundles = None;
     let xds_tls_address = match &config.ca {
         Some(ca) => {
             let pods = Arc::new(crate::ca::SnapshotPods::new(snapshots.clone()));
@@ -88,10 +123,30 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
                 .with_max_stream_age(config.max_stream_age)
                 .with_idle_timeout(config.stream_idle_timeout)
                 .into_service();
-            let ca = crate::ca::CaConfig {
+            let mut ca = crate::ca::CaConfig {
                 metrics: metrics.clone(),
                 ..ca.clone()
             };
+            if let Some((client, _, writes)) = &cluster
+                && writes.ca_secrets
+                && ca.cacerts.is_none()
+            {
+                let secrets = crate::kube::ca_secret::CaSecrets::new(
+                    client.clone(),
+                    &config.settings.system_namespace,
+                    &config.settings.trust_domain,
+                    &ca.ca_dir,
+                );
+                let Some(material) = secrets.ensure_retrying(&shutdown).await else {
+                    anyhow::bail!("stopped while loading the CA from its Secrets");
+                };
+                ca.cacerts = Some(secrets.dir().to_path_buf());
+                let (leadership, stop) = (leadership.clone(), shutdown.clone());
+                tasks.spawn(async move {
+                    secrets.run(material, leadership, stop).await;
+                    Ok(())
+                });
+            }
             // In a cluster, tokens the local keys cannot validate go to the API server.
             let mut extra: Vec<Arc<dyn crate::ca::Authenticator>> = Vec::new();
             if let OpenedSource::Cluster(cluster) = &source {
@@ -108,11 +163,46 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
                     .await?;
             let address = server.address;
             debug_authenticators = Some(server.state.authenticators.clone());
+            root_bundles = Some(server.state.root_bundles());
             tasks.spawn(async move { server.serve().await.context("CA and xDS TLS server") });
             Some(address)
         }
         None => None,
     };
+
+    if let (Some((client, cluster, writes)), Some(roots)) = (&cluster, root_bundles)
+        && writes.root_configmaps
+    {
+        let writer = crate::kube::root_configmap::RootConfigMaps {
+            client: client.clone(),
+            selectors: cluster.discovery_selectors.clone(),
+            backoff: writes.backoff,
+            max_backoff: writes.max_backoff,
+        };
+        let (leadership, stop) = (leadership.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            writer.run(roots, leadership, stop).await;
+            Ok(())
+        });
+    }
+
+    if let Some((client, _, writes)) = &cluster
+        && writes.status
+    {
+        let status_config = crate::kube::status::StatusConfig {
+            qps: f64::from(writes.status_qps),
+            burst: writes.status_qps.saturating_mul(2),
+            min_backoff: writes.backoff,
+            max_backoff: writes.max_backoff,
+        };
+        let (client, snapshots) = (client.clone(), snapshots.clone());
+        let (leader, stop) = (leadership.receiver(), shutdown.clone());
+        let metrics = metrics.clone();
+        tasks.spawn(async move {
+            crate::kube::status::run(client, snapshots, leader, status_config, metrics, stop).await;
+            Ok(())
+        });
+    }
 
     let index = Index::new(config.settings.clone());
     let index_metrics = metrics.clone();
@@ -179,6 +269,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         snapshots,
         metrics,
         registry,
+        leadership,
         shutdown,
         tasks,
     })

@@ -139,6 +139,77 @@ pub struct ServeArgs {
     #[arg(long, env = "AMBIENTD_LOG_LEVEL", default_value = "info", value_parser = log_filter)]
     pub log_level: String,
 
+    /// Cluster mode: elect one leader among the replicas (a Lease in the system namespace) to
+    /// write the root ConfigMaps. `false`: this replica always writes (run only one).
+    #[arg(
+        long,
+        env = "AMBIENTD_LEADER_ELECTION",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_name = "BOOL"
+    )]
+    pub leader_election: bool,
+
+    /// Name of the leader-election Lease (coordination.k8s.io/v1) in the system namespace.
+    #[arg(long, env = "AMBIENTD_LEADER_LEASE", default_value = crate::kube::leader::DEFAULT_LEASE_NAME, value_parser = non_empty)]
+    pub leader_lease: String,
+
+    /// How long a leader that stops renewing keeps the Lease (whole seconds): the longest
+    /// failover.
+    #[arg(long, env = "AMBIENTD_LEADER_LEASE_DURATION", default_value = "15s", value_parser = short_duration)]
+    pub leader_lease_duration: Duration,
+
+    /// The leader renews this long before its Lease would expire (whole seconds, less than
+    /// --leader-lease-duration).
+    #[arg(long, env = "AMBIENTD_LEADER_RENEW_GRACE", default_value = "5s", value_parser = short_duration)]
+    pub leader_renew_grace: Duration,
+
+    /// Cluster mode: the leader writes the root bundle as ConfigMap istio-ca-root-cert into
+    /// every selected namespace (as istiod does).
+    #[arg(
+        long,
+        env = "AMBIENTD_ROOT_CONFIGMAPS",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_name = "BOOL"
+    )]
+    pub root_configmaps: bool,
+
+    /// Cluster mode: keep the CA in Secrets (cacerts if present, else istio-ca-secret, created
+    /// when absent) so every replica signs with the same root. `false`, or --cacerts, keeps
+    /// it in files as in manifests mode.
+    #[arg(
+        long,
+        env = "AMBIENTD_CA_SECRETS",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_name = "BOOL"
+    )]
+    pub ca_secrets: bool,
+
+    /// Cluster mode: the leader writes status conditions as istiod does: ZtunnelAccepted on
+    /// AuthorizationPolicies, istio.io/WaypointBound on Services, ServiceEntries and
+    /// WorkloadEntries. Turn off when istiod (PILOT_ENABLE_AMBIENT status) writes them.
+    #[arg(
+        long,
+        env = "AMBIENTD_WRITE_STATUS",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_name = "BOOL"
+    )]
+    pub write_status: bool,
+
+    /// Status writes: API calls per second (reads and patches together; bursts of twice as
+    /// many), so a mass change drains at a steady pace.
+    #[arg(
+        long,
+        env = "AMBIENTD_STATUS_QPS",
+        default_value_t = 20,
+        value_parser = clap::value_parser!(u32).range(1..),
+        value_name = "N"
+    )]
+    pub status_qps: u32,
+
     #[command(flatten)]
     pub ca: crate::ca::CaArgs,
 }
@@ -226,6 +297,9 @@ pub struct Config {
     pub max_stream_age: Option<Duration>,
     /// Streams whose proxy reads nothing for this long are dropped; `None` never.
     pub stream_idle_timeout: Option<Duration>,
+    /// Writes to the cluster (leader election, CA Secrets, root ConfigMaps); cluster mode
+    /// only. `None` writes nothing.
+    pub writes: Option<crate::kube::writes::ClusterWrites>,
 }
 
 impl Config {
@@ -242,6 +316,7 @@ impl Config {
             debounce: crate::push::Debounce::default(),
             max_stream_age: None,
             stream_idle_timeout: None,
+            writes: None,
         }
     }
 }
@@ -276,6 +351,31 @@ fn cluster_source(args: &ServeArgs) -> Result<crate::kube::cluster::ClusterConfi
     })
 }
 
+/// What a cluster-mode replica writes, from its flags.
+fn cluster_writes(args: &ServeArgs) -> Result<crate::kube::writes::ClusterWrites, String> {
+    use crate::kube::leader::LeaderConfig;
+    let leader = if args.leader_election {
+        let leader = LeaderConfig {
+            lease_name: args.leader_lease.clone(),
+            lease_duration: args.leader_lease_duration,
+            renew_grace: args.leader_renew_grace,
+            ..LeaderConfig::new(&args.system_namespace)
+        };
+        leader.validate().map_err(|e| e.to_string())?;
+        Some(leader)
+    } else {
+        None
+    };
+    Ok(crate::kube::writes::ClusterWrites {
+        leader,
+        ca_secrets: args.ca_secrets && args.ca.cacerts.is_none(),
+        root_configmaps: args.root_configmaps,
+        status: args.write_status,
+        status_qps: args.status_qps,
+        ..crate::kube::writes::ClusterWrites::new(&args.system_namespace)
+    })
+}
+
 impl TryFrom<ServeArgs> for Config {
     type Error = String;
 
@@ -284,8 +384,13 @@ impl TryFrom<ServeArgs> for Config {
             Some(dir) => Source::Manifests(dir.clone()),
             None => Source::Cluster(cluster_source(&args)?),
         };
+        let writes = match &source {
+            Source::Manifests(_) => None,
+            Source::Cluster(_) => Some(cluster_writes(&args)?),
+        };
         let ca = Some(args.ca.into_config()?);
         Ok(Config {
+            writes,
             source,
             ca,
             xds_address: args.xds_address,
@@ -372,5 +477,62 @@ mod tests {
         assert!(error.contains("--discovery-selectors"), "{error}");
         let error = parse(&["--manifests", "x", "--kubeconfig", "/k"]).unwrap_err();
         assert!(error.contains("--kubeconfig"), "{error}");
+    }
+
+    #[test]
+    fn status_writes_can_be_turned_off_and_paced() {
+        let args = [
+            "--kubeconfig",
+            "/k",
+            "--write-status=false",
+            "--status-qps",
+            "5",
+        ];
+        let writes = Config::try_from(parse(&args).unwrap())
+            .unwrap()
+            .writes
+            .unwrap();
+        assert!(!writes.status);
+        assert_eq!(writes.status_qps, 5);
+        assert!(parse(&["--kubeconfig", "/k", "--status-qps", "0"]).is_err());
+    }
+
+    #[test]
+    fn cluster_mode_elects_and_writes_by_default() {
+        let config = Config::try_from(parse(&["--kubeconfig", "/k"]).unwrap()).unwrap();
+        let writes = config.writes.expect("cluster writes");
+        let leader = writes.leader.expect("leader election");
+        assert_eq!(leader.lease_name, "ambientd-leader");
+        assert_eq!(leader.namespace, "istio-system");
+        assert_eq!(leader.lease_duration, Duration::from_secs(15));
+        assert_eq!(leader.renew_grace, Duration::from_secs(5));
+        assert!(writes.ca_secrets && writes.root_configmaps);
+        assert!(writes.status);
+        assert_eq!(writes.status_qps, 20);
+
+        let config = Config::try_from(
+            parse(&[
+                "--kubeconfig",
+                "/k",
+                "--leader-election=false",
+                "--cacerts",
+                "/c",
+            ])
+            .unwrap(),
+        )
+        .unwrap();
+        let writes = config.writes.unwrap();
+        assert!(writes.leader.is_none());
+        assert!(
+            !writes.ca_secrets,
+            "a --cacerts directory wins over the Secrets"
+        );
+
+        let manifests = Config::try_from(parse(&["--manifests", "x"]).unwrap()).unwrap();
+        assert!(manifests.writes.is_none());
+
+        let bad = parse(&["--kubeconfig", "/k", "--leader-renew-grace", "15s"]).unwrap();
+        let error = Config::try_from(bad).unwrap_err();
+        assert!(error.contains("--leader-renew-grace"), "{error}");
     }
 }

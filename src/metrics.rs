@@ -53,6 +53,14 @@ pub struct VersionLabel {
     pub version: String,
 }
 
+/// A status write's object kind and outcome (`written`, `unchanged`, `gone`, `conflict`,
+/// `error`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabel {
+    pub kind: String,
+    pub result: String,
+}
+
 fn latency_histogram() -> Histogram {
     // 100 µs .. ~13 s.
     Histogram::new(exponential_buckets(0.0001, 2.0, 18))
@@ -91,6 +99,9 @@ pub struct Metrics {
     pub auth_failures: Counter,
     pub certs_issued: Counter,
     pub root_expiry: Gauge<f64, AtomicU64>,
+    /// `ambientd_leader`: 1 while this replica holds the leader Lease (or runs without
+    /// election and writes), else 0.
+    pub leader: Gauge,
     /// ambientd: objects held per kind, resources served per type, snapshot generation.
     pub objects: Family<KindLabel, Gauge>,
     pub resources: Family<TypeLabel, Gauge>,
@@ -98,6 +109,10 @@ pub struct Metrics {
     /// ambientd: source health.
     pub source_restarts: Counter,
     pub source_last_sync: Gauge<f64, AtomicU64>,
+    /// ambientd: status conditions the leader wrote (or found right, or failed to write), and
+    /// objects waiting to be written.
+    pub status_writes: Family<StatusLabel, Counter>,
+    pub status_pending: Gauge,
     /// Resident memory, refreshed on each scrape.
     pub resident_memory: Gauge,
     started: SystemTime,
@@ -137,12 +152,15 @@ impl Metrics {
         let auth_failures = Counter::default();
         let certs_issued = Counter::default();
         let root_expiry = Gauge::<f64, AtomicU64>::default();
+        let leader = Gauge::default();
         let objects = Family::<KindLabel, Gauge>::default();
         let resources = Family::<TypeLabel, Gauge>::default();
         let generation = Gauge::default();
         let source_restarts = Counter::default();
         let source_last_sync = Gauge::<f64, AtomicU64>::default();
         let resident_memory = Gauge::default();
+        let status_writes = Family::<StatusLabel, Counter>::default();
+        let status_pending = Gauge::default();
 
         // Counters get `_total` appended by OpenMetrics; istiod's names are kept as the stem.
         registry.register("pilot_xds", "Connected xDS clients", xds_clients.clone());
@@ -204,6 +222,11 @@ impl Metrics {
             root_expiry.clone(),
         );
         registry.register(
+            "ambientd_leader",
+            "1 while this replica is the leader that writes to the cluster",
+            leader.clone(),
+        );
+        registry.register(
             "ambientd_objects",
             "Objects held by the index, by kind",
             objects.clone(),
@@ -229,6 +252,16 @@ impl Metrics {
             source_last_sync.clone(),
         );
         registry.register(
+            "ambientd_status_writes",
+            "Status conditions handled by the leader, by object kind and result",
+            status_writes.clone(),
+        );
+        registry.register(
+            "ambientd_status_pending",
+            "Objects whose status condition waits to be written",
+            status_pending.clone(),
+        );
+        registry.register(
             "ambientd_resident_memory_bytes",
             "Resident set size of the process",
             resident_memory.clone(),
@@ -249,11 +282,14 @@ impl Metrics {
             auth_failures,
             certs_issued,
             root_expiry,
+            leader,
             objects,
             resources,
             generation,
             source_restarts,
             source_last_sync,
+            status_writes,
+            status_pending,
             resident_memory,
             started: SystemTime::now(),
             recent: Mutex::new(VecDeque::new()),

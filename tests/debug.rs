@@ -159,6 +159,12 @@ async fn connections_adsz_and_ambientz_have_their_shapes() {
             .unwrap()
             .contains("requestPrincipals")
     );
+    // The reviews Service uses the waypoint: its WaypointBound condition is listed.
+    let bound = mesh["waypointBound"].as_array().unwrap();
+    let reviews = bound.iter().find(|c| c["name"] == "reviews").unwrap();
+    assert_eq!(reviews["kind"], "Service");
+    assert_eq!(reviews["status"]["type"], "istio.io/WaypointBound");
+    assert_eq!(reviews["status"]["reason"], "WaypointAccepted");
     // The waypoint policy is not sent, yet listed with its status.
     let waypoint = policies.iter().find(|p| p["name"] == "reviews-get-only");
     assert!(waypoint.is_none_or(|p| p["sent"] == false));

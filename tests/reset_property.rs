@@ -20,6 +20,7 @@ use ambientd::discovery::model::{
     PeerAuthentication, Pod, Resolution, Service, ServiceEntry, SliceEndpoint,
 };
 use ambientd::discovery::peer_authentication::MtlsMode;
+use ambientd::discovery::status::{DesiredStatus, StatusTarget};
 use ambientd::discovery::{Changes, Index, Object, Settings, Snapshot};
 use index_support::*;
 use proptest::collection::vec;
@@ -485,6 +486,7 @@ struct Observed {
     aliases: BTreeMap<String, BTreeSet<String>>,
     members: BTreeMap<String, BTreeSet<String>>,
     policy_status: BTreeMap<String, PolicyStatus>,
+    statuses: BTreeMap<StatusTarget, DesiredStatus>,
 }
 
 fn observed(s: &Snapshot) -> Observed {
@@ -500,6 +502,11 @@ fn observed(s: &Snapshot) -> Observed {
         members: flat(&s.members),
         policy_status: s
             .policy_status
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        statuses: s
+            .statuses
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),

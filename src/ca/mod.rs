@@ -2,7 +2,9 @@
 //!
 //! * [`roots`]: the CA's key and certificates (self-signed and persisted in `--ca-dir`, or
 //!   plugged in from `--cacerts` and reloaded when its files change); the root bundle is
-//!   written to `<ca-dir>/root-cert.pem` for clients.
+//!   written to `<ca-dir>/root-cert.pem` for clients. In a cluster the material comes from
+//!   Secrets (`crate::kube::ca_secret`), written to a directory loaded as a plugged-in CA, and
+//!   [`CaState::root_bundles`] feeds the root ConfigMaps.
 //! * [`signer`]: CSR in, `[leaf, intermediates…, root]` out; time is passed in.
 //! * [`authn`]: who is calling (client certificate, service-account JWT), tried in order.
 //! * [`authorize`] (pure): which identity the caller may have, including ztunnel's
@@ -200,6 +202,7 @@ pub async fn start_with(
         ttl: config.ttl,
         pods,
         metrics: config.metrics.clone(),
+        root_bundle: tokio::sync::watch::channel(String::new()).0,
     });
     state.record_root_expiry();
     let listener = TcpListener::bind(config.xds_tls_address)

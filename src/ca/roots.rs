@@ -123,6 +123,35 @@ fn generate_self_signed(
     trust_domain: &str,
     now: OffsetDateTime,
 ) -> Result<(), RootsError> {
+    let generated = self_signed_pem(trust_domain, now)?;
+    std::fs::create_dir_all(dir).map_err(|source| RootsError::Write {
+        path: dir.into(),
+        source,
+    })?;
+    // The key first: a crash in between leaves "key without cert", which the next start
+    // reports instead of silently making a second root.
+    write_atomic(&dir.join(CA_KEY), generated.key_pem.as_bytes(), true)?;
+    write_atomic(&dir.join(CA_CERT), generated.cert_pem.as_bytes(), false)?;
+    tracing::info!(dir = %dir.display(), "generated a self-signed root CA (ECDSA P-256)");
+    Ok(())
+}
+
+/// A generated self-signed root, as PEM.
+#[derive(Clone)]
+pub struct SelfSigned {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for SelfSigned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SelfSigned").finish_non_exhaustive()
+    }
+}
+
+/// Generates a self-signed root (ECDSA P-256, 10 years, O=<trust domain>) in memory: for the
+/// `istio-ca-secret` Secret in a cluster, or `--ca-dir` locally.
+pub fn self_signed_pem(trust_domain: &str, now: OffsetDateTime) -> Result<SelfSigned, RootsError> {
     let key = KeyPair::generate().map_err(|e| RootsError::Generate(e.to_string()))?;
     let mut params = CertificateParams::default();
     params.distinguished_name = rcgen::DistinguishedName::new();
@@ -141,16 +170,10 @@ fn generate_self_signed(
     let cert = params
         .self_signed(&key)
         .map_err(|e| RootsError::Generate(e.to_string()))?;
-    std::fs::create_dir_all(dir).map_err(|source| RootsError::Write {
-        path: dir.into(),
-        source,
-    })?;
-    // The key first: a crash in between leaves "key without cert", which the next start
-    // reports instead of silently making a second root.
-    write_atomic(&dir.join(CA_KEY), key.serialize_pem().as_bytes(), true)?;
-    write_atomic(&dir.join(CA_CERT), cert.pem().as_bytes(), false)?;
-    tracing::info!(dir = %dir.display(), "generated a self-signed root CA (ECDSA P-256)");
-    Ok(())
+    Ok(SelfSigned {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
 }
 
 /// Loads a plugged-in CA from `dir` (istiod's `cacerts` layout or `kubernetes.io/tls`).

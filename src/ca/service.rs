@@ -47,13 +47,28 @@ pub struct CaState {
     pub pods: Arc<dyn PodIndex>,
     /// `citadel_server_*` counters.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// The current root bundle (PEM), for whoever distributes it (the root ConfigMaps).
+    pub root_bundle: tokio::sync::watch::Sender<String>,
 }
 
 impl CaState {
     /// Publishes the current CA's expiry as `citadel_server_root_cert_expiry_timestamp`.
     pub fn record_root_expiry(&self) {
-        let expiry = self.signer.load().not_after().unix_timestamp();
+        let signer = self.signer.load();
+        let expiry = signer.not_after().unix_timestamp();
         self.metrics.root_expiry.set(expiry as f64);
+        self.root_bundle.send_if_modified(|bundle| {
+            let changed = bundle.as_str() != signer.root_bundle();
+            if changed {
+                *bundle = signer.root_bundle().to_string();
+            }
+            changed
+        });
+    }
+
+    /// The root bundle now and whenever it changes.
+    pub fn root_bundles(&self) -> tokio::sync::watch::Receiver<String> {
+        self.root_bundle.subscribe()
     }
 
     /// Authenticates a request from its metadata and TLS client certificate.

@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use crate::debug::{DebugState, render};
 use crate::discovery::names::TypeKind;
+use crate::discovery::status::{StatusCondition, StatusKind, StatusTarget};
 use crate::push::registry::{ClientView, ConnectionStatus};
 
 pub fn rfc3339(time: Option<SystemTime>) -> Value {
@@ -208,7 +209,7 @@ pub async fn config_dump(State(state): State<DebugState>, Query(q): Query<ProxyQ
 }
 
 /// `/debug/ambientz[?namespace=]`: workloads, services and policies, each policy with its
-/// conversion status.
+/// conversion status, and the `istio.io/WaypointBound` condition of each object that has one.
 pub async fn ambientz(
     State(state): State<DebugState>,
     Query(q): Query<NamespaceQuery>,
@@ -266,11 +267,30 @@ pub async fn ambientz(
             policies.push(value);
         }
     }
-    Json(json!({"workloads": workloads, "services": services, "policies": policies, "generation": snapshot.generation}))
-        .into_response()
+    // The WaypointBound condition of Services, ServiceEntries and WorkloadEntries.
+    let mut bound: Vec<(&StatusTarget, &StatusCondition)> = snapshot
+        .statuses
+        .iter()
+        .filter(|(target, _)| target.kind != StatusKind::AuthorizationPolicy)
+        .filter_map(|(target, desired)| Some((target, desired.condition.as_ref()?)))
+        .collect();
+    bound.sort_by(|a, b| a.0.cmp(b.0));
+    let conditions: Vec<Value> = bound
+        .into_iter()
+        .map(|(target, condition)| {
+            json!({"kind": target.kind.as_str(), "namespace": target.namespace, "name": target.name,
+                   "status": status_json(condition)})
+        })
+        .filter(|v| wanted(v))
+        .collect();
+    Json(
+        json!({"workloads": workloads, "services": services, "policies": policies,
+                "waypointBound": conditions, "generation": snapshot.generation}),
+    )
+    .into_response()
 }
 
-fn status_json(status: &crate::discovery::authorization::PolicyStatus) -> Value {
+fn status_json(status: &StatusCondition) -> Value {
     json!({
         "type": status.condition_type,
         "status": if status.status { "True" } else { "False" },

@@ -17,6 +17,7 @@ pub mod policies;
 pub mod service;
 pub mod service_entry;
 pub mod snapshot;
+pub mod status;
 pub mod store;
 pub mod waypoint;
 pub mod workload;

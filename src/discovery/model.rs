@@ -227,6 +227,8 @@ pub struct ServicePort {
 pub struct Service {
     pub name: String,
     pub namespace: String,
+    /// `metadata.generation` (0 when unset): the `observedGeneration` of its status condition.
+    pub generation: i64,
     pub labels: Labels,
     pub annotations: Labels,
     /// `spec.type: ExternalName`; such services produce nothing.
@@ -324,6 +326,8 @@ pub struct Endpoint {
 pub struct ServiceEntry {
     pub name: String,
     pub namespace: String,
+    /// `metadata.generation` (0 when unset): the `observedGeneration` of its status condition.
+    pub generation: i64,
     pub labels: Labels,
     pub annotations: Labels,
     /// `metadata.creationTimestamp` (RFC 3339): the oldest wins hostname conflicts.
@@ -344,6 +348,8 @@ pub struct ServiceEntry {
 pub struct WorkloadEntry {
     pub name: String,
     pub namespace: String,
+    /// `metadata.generation` (0 when unset): the `observedGeneration` of its status condition.
+    pub generation: i64,
     /// `merge(spec.labels, metadata.labels)`, metadata winning.
     pub labels: Labels,
     pub annotations: Labels,

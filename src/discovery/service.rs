@@ -16,7 +16,7 @@ const TRAFFIC_DISTRIBUTION_ANNOTATION: &str = "networking.istio.io/traffic-distr
 const CANARY_LABEL: &str = "istio.io/use-waypoint-canary";
 const CANARY_NAMESPACE_LABEL: &str = "istio.io/use-waypoint-canary-namespace";
 const CANARY_WEIGHT_ANNOTATION: &str = "istio.io/use-waypoint-canary-weight";
-const INGRESS_USE_WAYPOINT: &str = "istio.io/ingress-use-waypoint";
+pub(crate) const INGRESS_USE_WAYPOINT: &str = "istio.io/ingress-use-waypoint";
 
 /// Builds the Service resource, or `None` for `type: ExternalName`. Waypoints consulted are
 /// pushed to `reads`.
@@ -240,6 +240,6 @@ fn canary(
 }
 
 /// Go's `strconv.ParseBool` truths.
-fn parse_bool(value: &str) -> bool {
+pub(crate) fn parse_bool(value: &str) -> bool {
     matches!(value, "1" | "t" | "T" | "true" | "TRUE" | "True")
 }

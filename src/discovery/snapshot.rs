@@ -12,6 +12,7 @@ use prost::Message;
 
 use crate::discovery::authorization::PolicyStatus;
 use crate::discovery::names::TypeKind;
+use crate::discovery::status::{DesiredStatus, StatusTarget};
 use crate::pb::google::protobuf::Any;
 
 /// One xDS resource, encoded once and shared by every connection that sends it.
@@ -101,16 +102,20 @@ impl TypeChanges {
 pub struct Changes {
     pub addresses: TypeChanges,
     pub authorizations: TypeChanges,
+    /// Objects whose wanted status condition changed (or that came or went), even when no
+    /// resource did: a snapshot is published for them too, for the status writer.
+    pub statuses: BTreeSet<StatusTarget>,
 }
 
 impl Changes {
     pub fn is_empty(&self) -> bool {
-        self.addresses.is_empty() && self.authorizations.is_empty()
+        self.addresses.is_empty() && self.authorizations.is_empty() && self.statuses.is_empty()
     }
 
     pub fn merge(&mut self, later: &Changes) {
         self.addresses.merge(&later.addresses);
         self.authorizations.merge(&later.authorizations);
+        self.statuses.extend(later.statuses.iter().cloned());
     }
 
     pub fn of(&self, kind: TypeKind) -> &TypeChanges {
@@ -154,6 +159,11 @@ pub struct Snapshot {
     pub history: imbl::Vector<(u64, Arc<Changes>)>,
     /// The `ZtunnelAccepted` condition of each AuthorizationPolicy, by `ns/name`.
     pub policy_status: PersistentMap<String, PolicyStatus>,
+    /// Every AuthorizationPolicy, Service, ServiceEntry and WorkloadEntry, with the condition
+    /// ambientd wants on it (`ZtunnelAccepted` on policies, `istio.io/WaypointBound` on the
+    /// others; `None`: it must carry none of ours). An object missing here does not exist. The
+    /// status writer compares successive snapshots' maps; an unchanged map is shared.
+    pub statuses: PersistentMap<StatusTarget, DesiredStatus>,
     /// Kubernetes `metadata.uid` of each pod, by its workload uid (`<cluster>//Pod/<ns>/<name>`):
     /// the CA checks a token's pod binding against it.
     pub pod_uids: PersistentMap<String, String>,
@@ -169,22 +179,42 @@ impl Snapshot {
         }
     }
 
-    /// The changes between generation `since` and this snapshot, if history still covers them.
+    /// The resource changes between generation `since` and this snapshot, if history still
+    /// covers them. `statuses` is left empty: every xDS stream calls this, and only the status
+    /// writer needs those ([`Snapshot::status_changes_since`]).
     pub fn changes_since(&self, since: u64) -> Option<Changes> {
-        if since == self.generation {
-            return Some(Changes::default());
-        }
-        let first = self.history.front()?.0;
-        if since + 1 < first || since > self.generation {
-            return None;
-        }
         let mut all = Changes::default();
-        for (generation, changes) in self.history.iter() {
-            if *generation > since {
-                all.merge(changes);
-            }
+        for changes in self.history_since(since)? {
+            all.addresses.merge(&changes.addresses);
+            all.authorizations.merge(&changes.authorizations);
         }
         Some(all)
+    }
+
+    /// The objects whose wanted status condition changed between generation `since` and this
+    /// snapshot, if history still covers them.
+    pub fn status_changes_since(&self, since: u64) -> Option<BTreeSet<StatusTarget>> {
+        let mut all = BTreeSet::new();
+        for changes in self.history_since(since)? {
+            all.extend(changes.statuses.iter().cloned());
+        }
+        Some(all)
+    }
+
+    /// The history entries after generation `since`; `None` if history no longer reaches back.
+    fn history_since(&self, since: u64) -> Option<impl Iterator<Item = &Arc<Changes>>> {
+        if since != self.generation {
+            let first = self.history.front()?.0;
+            if since + 1 < first || since > self.generation {
+                return None;
+            }
+        }
+        Some(
+            self.history
+                .iter()
+                .filter(move |(generation, _)| *generation > since)
+                .map(|(_, changes)| changes),
+        )
     }
 
     /// istiod's `Lookup(key)` for Address resources: a workload uid; `network/ip` (the workloads

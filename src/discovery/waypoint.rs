@@ -169,18 +169,71 @@ pub fn resolve(
     bind: Bind,
     reads: &mut Vec<Key>,
 ) -> Option<GatewayAddress> {
-    let key = binding_key(store, namespace, labels)?;
-    resolve_key(store, namespace, &key, bind, reads)
+    binding(store, namespace, labels, bind, reads).into_address()
+}
+
+/// The outcome of resolving an object's waypoint, with the reason when it failed: what the
+/// `istio.io/WaypointBound` condition reports.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Binding {
+    /// No waypoint asked for (no label, or `none`), or a silent miss (a workload inheriting a
+    /// service-only waypoint from its namespace).
+    Unbound,
+    /// Bound to the waypoint `key`.
+    Bound { key: Key, address: GatewayAddress },
+    /// A waypoint was asked for and cannot be used.
+    Failed(BindError),
+}
+
+impl Binding {
+    pub fn into_address(self) -> Option<GatewayAddress> {
+        match self {
+            Binding::Bound { address, .. } => Some(address),
+            Binding::Unbound | Binding::Failed(_) => None,
+        }
+    }
+}
+
+/// Why a requested waypoint is not used (istiod's binding status reasons).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BindError {
+    /// No ready waypoint by that name (a Gateway without status addresses counts as missing).
+    NotReady(Key),
+    /// The waypoint's allowedRoutes do not admit the object's namespace.
+    AttachmentDenied(Key),
+    /// The waypoint does not take this kind of traffic (`istio.io/waypoint-for`).
+    UnsupportedTrafficType(Key, Bind),
+}
+
+/// [`resolve`], keeping the reason a requested waypoint was not used.
+pub fn binding(
+    store: &Store,
+    namespace: &str,
+    labels: &Labels,
+    bind: Bind,
+    reads: &mut Vec<Key>,
+) -> Binding {
+    match requested(store, namespace, labels) {
+        Some((key, own)) => bind_key(store, namespace, &key, bind, own, reads),
+        None => Binding::Unbound,
+    }
 }
 
 /// The `(namespace, name)` an object's labels (or its namespace's) point at.
 pub fn binding_key(store: &Store, namespace: &str, labels: &Labels) -> Option<Key> {
-    let own = labels.get(USE_WAYPOINT).map(|name| (name, labels));
+    requested(store, namespace, labels).map(|(key, _)| key)
+}
+
+/// The waypoint key asked for, and whether the object's own label asked (else its namespace's).
+fn requested(store: &Store, namespace: &str, labels: &Labels) -> Option<(Key, bool)> {
+    let own = labels.get(USE_WAYPOINT).map(|name| (name, labels, true));
     let inherited = || {
         let ns_labels = store.namespace_labels(namespace)?;
-        ns_labels.get(USE_WAYPOINT).map(|name| (name, ns_labels))
+        ns_labels
+            .get(USE_WAYPOINT)
+            .map(|name| (name, ns_labels, false))
     };
-    let (name, source) = own.or_else(inherited)?;
+    let (name, source, is_own) = own.or_else(inherited)?;
     if name == "none" {
         return None;
     }
@@ -188,7 +241,7 @@ pub fn binding_key(store: &Store, namespace: &str, labels: &Labels) -> Option<Ke
         .get(USE_WAYPOINT_NAMESPACE)
         .cloned()
         .unwrap_or_else(|| namespace.to_string());
-    Some((waypoint_namespace, name.clone()))
+    Some(((waypoint_namespace, name.clone()), is_own))
 }
 
 /// Resolves a specific waypoint key for an object in `namespace`.
@@ -199,15 +252,37 @@ pub fn resolve_key(
     bind: Bind,
     reads: &mut Vec<Key>,
 ) -> Option<GatewayAddress> {
+    bind_key(store, namespace, key, bind, true, reads).into_address()
+}
+
+/// Checks, in istiod's order, that the waypoint exists, admits the namespace and takes the
+/// traffic. A workload whose namespace (not its own label) names a waypoint of the wrong
+/// traffic type is silently unbound; anything else that fails is reported.
+fn bind_key(
+    store: &Store,
+    namespace: &str,
+    key: &Key,
+    bind: Bind,
+    own: bool,
+    reads: &mut Vec<Key>,
+) -> Binding {
     reads.push(key.clone());
-    let waypoint = store.waypoints.get(key)?;
+    let Some(waypoint) = store.waypoints.get(key) else {
+        return Binding::Failed(BindError::NotReady(key.clone()));
+    };
     if !waypoint.admits(&key.0, namespace, store.namespace_labels(namespace)) {
-        return None;
+        return Binding::Failed(BindError::AttachmentDenied(key.clone()));
     }
-    waypoint
-        .traffic
-        .admits(bind)
-        .then(|| waypoint.address.clone())
+    if waypoint.traffic.admits(bind) {
+        Binding::Bound {
+            key: key.clone(),
+            address: waypoint.address.clone(),
+        }
+    } else if bind == Bind::Service || own {
+        Binding::Failed(BindError::UnsupportedTrafficType(key.clone(), bind))
+    } else {
+        Binding::Unbound
+    }
 }
 
 /// Services and ServiceEntries that are themselves waypoints or east-west gateways never use

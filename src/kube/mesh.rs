@@ -256,6 +256,7 @@ pub(crate) fn service_entry(value: &Value) -> Result<Object, String> {
     Ok(Object::ServiceEntry(ServiceEntry {
         name: raw.metadata.name()?,
         namespace: raw.metadata.namespace(),
+        generation: raw.metadata.generation.unwrap_or_default(),
         created: created(&raw.metadata),
         labels: raw.metadata.labels,
         annotations: raw.metadata.annotations,
@@ -286,6 +287,7 @@ pub(crate) fn workload_entry(value: &Value) -> Result<Object, String> {
     Ok(Object::WorkloadEntry(WorkloadEntry {
         name: raw.metadata.name()?,
         namespace: raw.metadata.namespace(),
+        generation: raw.metadata.generation.unwrap_or_default(),
         labels,
         annotations: raw.metadata.annotations,
         endpoint,

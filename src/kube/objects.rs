@@ -167,6 +167,7 @@ pub(crate) struct RawMeta {
     pub(crate) owner_references: Vec<RawOwnerReference>,
     pub(crate) deletion_timestamp: Option<Value>,
     pub(crate) creation_timestamp: Option<Value>,
+    pub(crate) generation: Option<i64>,
 }
 
 impl RawMeta {
@@ -466,6 +467,7 @@ impl RawService {
         Ok(Object::Service(Service {
             name,
             namespace: self.metadata.namespace(),
+            generation: self.metadata.generation.unwrap_or_default(),
             labels: self.metadata.labels,
             annotations: self.metadata.annotations,
             external_name: spec.kind.as_deref() == Some("ExternalName"),

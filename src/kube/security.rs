@@ -43,6 +43,7 @@ pub fn decode_authorization_policy(value: &Value) -> Result<AuthorizationPolicy,
     Ok(AuthorizationPolicy {
         name: meta.name()?,
         namespace: meta.namespace(),
+        generation: meta.generation.unwrap_or_default(),
         revision: meta.labels.get(REVISION_LABEL).cloned(),
         dry_run: meta
             .annotations
@@ -213,6 +214,7 @@ struct RawMeta {
     #[serde(deserialize_with = "string_map")]
     annotations: Labels,
     creation_timestamp: Option<String>,
+    generation: Option<i64>,
 }
 
 impl RawMeta {

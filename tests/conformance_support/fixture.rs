@@ -93,10 +93,11 @@ pub struct Expect {
     pub lookup_workloads: BTreeMap<String, Vec<String>>,
     #[serde(default)]
     pub all_names: Option<Vec<String>>,
-    /// Not checked yet (ambientd writes no status): counted as unchecked.
+    /// `ns/name` -> conditions ambientd computes for an AuthorizationPolicy (`ZtunnelAccepted`).
     #[serde(default)]
     pub policy_status: BTreeMap<String, Value>,
-    /// Not checked yet (ambientd writes no status): counted as unchecked.
+    /// `ns/name` -> conditions for a Service, ServiceEntry or WorkloadEntry
+    /// (`istio.io/WaypointBound`).
     #[serde(default)]
     pub service_status: BTreeMap<String, Value>,
 }

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use ambientd::discovery::names::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
+use ambientd::discovery::status::{StatusCondition, StatusKind, StatusTarget};
 use ambientd::discovery::{Index, Kind, Object, ObjectRef, Settings, Snapshot};
 use ambientd::kube::objects::{Decoded, decode};
 use ambientd::pb::security::Authorization;
@@ -32,8 +33,6 @@ pub struct Outcome {
     pub failures: Vec<String>,
     /// How the case was run (settings chosen, defaults normalised, objects skipped as invalid).
     pub notes: Vec<String>,
-    /// `service_status` entries: not checked yet (ambientd does not compute WaypointBound).
-    pub unchecked_service_status: usize,
 }
 
 impl Outcome {
@@ -175,24 +174,42 @@ impl Run {
         }
     }
 
-    /// `policy_status`: the ZtunnelAccepted condition kept in the snapshot for each policy.
-    fn check_policy_status(
+    /// `policy_status` / `service_status`: the condition the snapshot keeps for the object
+    /// `key` (`ns/name`) of one of `kinds` (a service_status key may name a Service, a
+    /// ServiceEntry or a WorkloadEntry). `derived_fields` is provenance, not a condition.
+    fn check_status(
         &mut self,
         phase: &str,
         snapshot: &ambientd::discovery::Snapshot,
+        (what, kinds): (&str, &[StatusKind]),
         key: &str,
         conditions: &serde_json::Value,
     ) {
-        let label = format!("{phase}: policy_status {key:?}");
+        let label = format!("{phase}: {what} {key:?}");
         let Some(conditions) = conditions.as_object() else {
             self.fail(format!("{label}: expected a map of conditions"));
             return;
         };
+        let Some((namespace, name)) = key.split_once('/') else {
+            self.fail(format!("{label}: expected a ns/name key"));
+            return;
+        };
+        let held: Vec<&StatusCondition> = kinds
+            .iter()
+            .filter_map(|&kind| {
+                let object = StatusTarget {
+                    kind,
+                    namespace: namespace.to_string(),
+                    name: name.to_string(),
+                };
+                snapshot.statuses.get(&object)?.condition.as_ref()
+            })
+            .collect();
         for (condition, expected) in conditions {
-            let actual = snapshot
-                .policy_status
-                .get(key)
-                .filter(|s| s.condition_type == condition.as_str());
+            if condition == "derived_fields" {
+                continue;
+            }
+            let actual = held.iter().find(|s| s.condition_type == condition.as_str());
             let Some(actual) = actual else {
                 self.fail(format!("{label}: no {condition} condition"));
                 continue;
@@ -237,9 +254,20 @@ impl Run {
         for problem in &view.problems {
             self.fail(format!("{phase}: {problem}"));
         }
-        self.outcome.unchecked_service_status += expect.service_status.len();
+        let policies = ("policy_status", &[StatusKind::AuthorizationPolicy][..]);
         for (key, conditions) in &expect.policy_status {
-            self.check_policy_status(phase, &snapshot, key, conditions);
+            self.check_status(phase, &snapshot, policies, key, conditions);
+        }
+        let services = (
+            "service_status",
+            &[
+                StatusKind::Service,
+                StatusKind::ServiceEntry,
+                StatusKind::WorkloadEntry,
+            ][..],
+        );
+        for (key, conditions) in &expect.service_status {
+            self.check_status(phase, &snapshot, services, key, conditions);
         }
 
         for (uid, expected) in &expect.workloads {
@@ -398,6 +426,19 @@ impl Run {
                         b.get(key)
                     ));
                 }
+            }
+        }
+        let statuses: BTreeSet<&StatusTarget> = incremental
+            .statuses
+            .keys()
+            .chain(fresh.statuses.keys())
+            .collect();
+        for object in statuses {
+            let (x, y) = (incremental.statuses.get(object), fresh.statuses.get(object));
+            if x != y {
+                differences.push(format!(
+                    "status of {object}: incremental {x:?}, fresh {y:?}"
+                ));
             }
         }
         for difference in differences {

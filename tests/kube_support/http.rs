@@ -1,4 +1,5 @@
-//! The fake's HTTP side: routing, list, watch and TokenReview.
+//! The fake's HTTP side: routing, list, watch and TokenReview (single objects and writes are
+//! in `write`).
 
 use super::*;
 
@@ -38,14 +39,14 @@ impl FieldSelector {
     }
 }
 
-fn status(code: u16, reason: &str, message: &str) -> Value {
+pub(super) fn status(code: u16, reason: &str, message: &str) -> Value {
     json!({
         "kind": "Status", "apiVersion": "v1", "metadata": {},
         "status": "Failure", "message": message, "reason": reason, "code": code
     })
 }
 
-fn error_response(code: u16, reason: &str, message: &str) -> Response {
+pub(super) fn error_response(code: u16, reason: &str, message: &str) -> Response {
     let status_code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     (
         status_code,
@@ -55,35 +56,67 @@ fn error_response(code: u16, reason: &str, message: &str) -> Response {
         .into_response()
 }
 
-struct Target {
-    resource: usize,
-    namespace: Option<String>,
+pub(super) struct Target {
+    pub(super) resource: usize,
+    pub(super) namespace: Option<String>,
+    /// `.../plural/NAME`: one object (get, replace, patch, delete).
+    pub(super) name: Option<String>,
+    /// `.../plural/NAME/SUB`: a subresource such as `status`.
+    pub(super) subresource: Option<String>,
 }
 
-/// The resource and namespace a path names, if the fake serves it (else 404).
-fn route(state: &FakeState, path: &str) -> Option<Target> {
+/// The resource, namespace, name and subresource a path names, if the fake serves it (else
+/// 404). `/api/v1/namespaces/NS/PLURAL[/NAME[/SUB]]` is namespaced when PLURAL is a served
+/// namespaced resource; otherwise it is `/api/v1/PLURAL[/NAME[/SUB]]` (so
+/// `/api/v1/namespaces/NS/status` is Namespace NS's status).
+pub(super) fn route(state: &FakeState, path: &str) -> Option<Target> {
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     let (api_version, rest) = match parts.as_slice() {
         ["api", version, rest @ ..] => (version.to_string(), rest),
         ["apis", group, version, rest @ ..] => (format!("{group}/{version}"), rest),
         _ => return None,
     };
-    let (namespace, plural) = match rest {
-        [plural] => (None, *plural),
-        ["namespaces", namespace, plural] => (Some(namespace.to_string()), *plural),
-        _ => return None,
+    let served = |plural: &str, namespaced: bool| {
+        state.resources.iter().position(|r| {
+            r.api_version == api_version
+                && r.plural == plural
+                && r.served
+                && r.namespaced == namespaced
+        })
     };
-    let resource = state
-        .resources
-        .iter()
-        .position(|r| r.api_version == api_version && r.plural == plural && r.served)?;
+    let owned = |s: Option<&&str>| s.map(|s| s.to_string());
+    if let ["namespaces", namespace, plural, tail @ ..] = rest
+        && tail.len() <= 2
+        && let Some(resource) = served(plural, true)
+    {
+        return Some(Target {
+            resource,
+            namespace: Some(namespace.to_string()),
+            name: owned(tail.first()),
+            subresource: owned(tail.get(1)),
+        });
+    }
+    let [plural, tail @ ..] = rest else {
+        return None;
+    };
+    if tail.len() > 2 {
+        return None;
+    }
+    let resource = match served(plural, false) {
+        Some(resource) => resource,
+        // A namespaced resource listed across all namespaces.
+        None if tail.is_empty() => served(plural, true)?,
+        None => return None,
+    };
     Some(Target {
         resource,
-        namespace,
+        namespace: None,
+        name: owned(tail.first()),
+        subresource: owned(tail.get(1)),
     })
 }
 
-fn not_found() -> Response {
+pub(super) fn not_found() -> Response {
     error_response(
         404,
         "NotFound",
@@ -95,15 +128,38 @@ pub(super) async fn handle(
     State(shared): State<Arc<Shared>>,
     method: Method,
     uri: Uri,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     let query: HashMap<String, String> = Query::try_from_uri(&uri)
         .map(|Query(q)| q)
         .unwrap_or_default();
-    shared.lock().requests.push(format!(
-        "{method} {}",
-        uri.path_and_query().map(|p| p.as_str()).unwrap_or("")
-    ));
+    let content_type = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let failure = {
+        let mut state = shared.lock();
+        let request = Request {
+            method: method.to_string(),
+            path: uri.path().to_string(),
+            query: uri.query().unwrap_or_default().to_string(),
+            content_type,
+        };
+        let failure = state.take_failure(&request);
+        state.requests.push(request);
+        failure
+    };
+    if let Some(code) = failure {
+        let reason = match code {
+            403 => "Forbidden",
+            404 => "NotFound",
+            409 => "Conflict",
+            503 => "ServiceUnavailable",
+            _ => "InternalError",
+        };
+        return error_response(code, reason, "injected failure");
+    }
     if method == Method::POST && uri.path() == "/apis/authentication.k8s.io/v1/tokenreviews" {
         return token_review(&shared, &body);
     }
@@ -124,8 +180,9 @@ pub(super) async fn handle(
         )
             .into_response();
     }
-    if method != Method::GET {
-        return error_response(405, "MethodNotAllowed", "the fake only lists and watches");
+    let single = route(&shared.lock(), uri.path()).is_some_and(|t| t.name.is_some());
+    if method != Method::GET || single {
+        return super::write::handle(&shared, &method, &uri, &query, &headers, &body);
     }
     let selector = match FieldSelector::parse(query.get("fieldSelector")) {
         Ok(selector) => selector,

@@ -3,13 +3,19 @@
 //! (chunked JSON lines from a resourceVersion, with bookmarks, `410 Gone` after compaction,
 //! timeouts), 404 for resources that are not served (a missing CRD, installable later),
 //! dropped watch connections, whole outages (connections refused and existing ones reset),
-//! and TokenReview.
+//! TokenReview, and writes: get, create, replace, patch (merge, JSON, server-side apply),
+//! delete and the `status` subresource (see `write`), with a request log tests can audit.
 //!
 //! Like the real API server, list items carry no `apiVersion`/`kind`; watch events do.
 #![allow(dead_code)]
 
 mod http;
+mod log;
 mod net;
+mod patch;
+mod write;
+
+pub use log::{ApiCall, Request};
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -21,7 +27,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
-use axum::http::{Method, StatusCode, Uri};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -49,7 +55,7 @@ pub struct Resource {
     pub served: bool,
 }
 
-/// Every resource ambientd watches, all served.
+/// Every resource ambientd watches or writes, all served.
 pub fn ambient_resources() -> Vec<Resource> {
     let r = |api_version: &str, kind: &str, plural: &str, namespaced: bool| Resource {
         api_version: api_version.into(),
@@ -94,6 +100,10 @@ pub fn ambient_resources() -> Vec<Resource> {
             true,
         ),
         r("gateway.networking.k8s.io/v1", "Gateway", "gateways", true),
+        // What ambientd writes (and reads back): leader election, the CA, root ConfigMaps.
+        r("coordination.k8s.io/v1", "Lease", "leases", true),
+        r("v1", "ConfigMap", "configmaps", true),
+        r("v1", "Secret", "secrets", true),
         r(
             "gateway.networking.k8s.io/v1",
             "GatewayClass",
@@ -149,7 +159,11 @@ struct FakeState {
     log: Vec<Arc<Change>>,
     pages: HashMap<String, Pages>,
     next_page: u64,
-    requests: Vec<String>,
+    requests: Vec<Request>,
+    /// Injected failures: (method, plural, remaining, status code).
+    failures: Vec<log::Failure>,
+    /// Field ownership per object, for server-side apply conflicts.
+    managers: HashMap<(usize, String, String), BTreeMap<String, String>>,
     tokens: HashMap<String, Value>,
     token_reviews: usize,
     jwks: Option<Value>,
@@ -199,6 +213,8 @@ impl FakeApiServer {
                 pages: HashMap::new(),
                 next_page: 0,
                 requests: Vec::new(),
+                failures: Vec::new(),
+                managers: HashMap::new(),
                 tokens: HashMap::new(),
                 token_reviews: 0,
                 jwks: None,
@@ -253,7 +269,7 @@ impl FakeApiServer {
 
     /// Creates or replaces an object (`apiVersion`, `kind` and `metadata.name` required).
     /// Returns its new resourceVersion.
-    pub fn apply(&self, mut object: Value) -> u64 {
+    pub fn apply(&self, object: Value) -> u64 {
         let api_version = object["apiVersion"]
             .as_str()
             .expect("apiVersion")
@@ -265,57 +281,8 @@ impl FakeApiServer {
             .iter()
             .position(|r| r.api_version == api_version && r.kind == kind)
             .unwrap_or_else(|| panic!("the fake does not serve {api_version} {kind}"));
-        let namespaced = state.resources[index].namespaced;
-        let meta = object["metadata"].as_object_mut().expect("metadata");
-        let name = meta["name"].as_str().expect("metadata.name").to_string();
-        let namespace = if namespaced {
-            meta.get("namespace")
-                .and_then(Value::as_str)
-                .unwrap_or("default")
-                .to_string()
-        } else {
-            String::new()
-        };
-        if namespaced {
-            meta.insert("namespace".into(), json!(namespace));
-        }
-        state.rv += 1;
-        let rv = state.rv;
-        meta.insert("resourceVersion".into(), json!(rv.to_string()));
-        meta.entry("uid")
-            .or_insert_with(|| json!(format!("uid-{kind}-{namespace}-{name}")));
-        meta.entry("creationTimestamp")
-            .or_insert_with(|| json!("2026-01-01T00:00:00Z"));
-        let fields = fields_of(&object);
-        if let Some(map) = object.as_object_mut() {
-            map.remove("apiVersion");
-            map.remove("kind");
-        }
-        let item = Bytes::from(serde_json::to_vec(&object).expect("json"));
-        let key = (namespace.clone(), name);
-        let old = state.objects[index].insert(
-            key,
-            Stored {
-                rv,
-                fields: fields.clone(),
-                item: item.clone(),
-            },
-        );
-        let change = Change {
-            rv,
-            resource: index,
-            change: if old.is_some() {
-                ChangeType::Modified
-            } else {
-                ChangeType::Added
-            },
-            namespace,
-            old_fields: old.map(|o| o.fields),
-            fields,
-            item,
-        };
-        self.publish(&mut state, change);
-        rv
+        write::store(&self.shared, &mut state, index, object);
+        state.rv
     }
 
     /// Applies every document of a YAML text.
@@ -354,33 +321,7 @@ impl FakeApiServer {
             .iter()
             .position(|r| r.api_version == api_version && r.kind == kind)
             .expect("resource");
-        let key = (namespace.to_string(), name.to_string());
-        let Some(old) = state.objects[index].remove(&key) else {
-            return false;
-        };
-        state.rv += 1;
-        let rv = state.rv;
-        // The deleted object, at the deletion's resourceVersion.
-        let mut value: Value = serde_json::from_slice(&old.item).expect("stored json");
-        value["metadata"]["resourceVersion"] = json!(rv.to_string());
-        let change = Change {
-            rv,
-            resource: index,
-            change: ChangeType::Deleted,
-            namespace: namespace.to_string(),
-            old_fields: Some(old.fields.clone()),
-            fields: old.fields,
-            item: Bytes::from(serde_json::to_vec(&value).expect("json")),
-        };
-        self.publish(&mut state, change);
-        true
-    }
-
-    fn publish(&self, state: &mut FakeState, change: Change) {
-        let change = Arc::new(change);
-        state.log.push(change.clone());
-        // Sent under the state lock, so a new watch's backlog and live events never overlap.
-        let _ = self.shared.changes.send(Broadcast::Change(change));
+        write::remove(&self.shared, &mut state, index, namespace, name).is_some()
     }
 
     /// Sends a BOOKMARK at the current resourceVersion to watches that asked for them.
@@ -457,7 +398,35 @@ impl FakeApiServer {
 
     /// `METHOD path?query` of every request so far.
     pub fn requests(&self) -> Vec<String> {
+        self.shared
+            .lock()
+            .requests
+            .iter()
+            .map(Request::to_string)
+            .collect()
+    }
+
+    /// Every request so far, with its content type.
+    pub fn request_log(&self) -> Vec<Request> {
         self.shared.lock().requests.clone()
+    }
+
+    /// The requests that change something (POST, PUT, PATCH, DELETE), TokenReviews excepted.
+    pub fn writes(&self) -> Vec<Request> {
+        self.request_log()
+            .into_iter()
+            .filter(|r| r.is_write() && !r.path.ends_with("/tokenreviews"))
+            .collect()
+    }
+
+    /// Every request as the API call RBAC authorizes (verb, group, resource, subresource,
+    /// namespace), in order, repeats included. Requests outside the resource API (the OIDC
+    /// discovery documents) are left out.
+    pub fn api_calls(&self) -> Vec<ApiCall> {
+        self.request_log()
+            .iter()
+            .filter_map(Request::api_call)
+            .collect()
     }
 
     /// How many lists of `plural` have been served (first pages only).

@@ -56,17 +56,9 @@ const L4_WHEN_KEYS: [&str; 5] = [
     "destination.port",
 ];
 
-/// The `ZtunnelAccepted` condition to write on the policy.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PolicyStatus {
-    /// Always [`ZTUNNEL_ACCEPTED`].
-    pub condition_type: &'static str,
-    /// The condition's status: true when the policy is sent to ztunnel.
-    pub status: bool,
-    /// `Accepted` or `UnsupportedValue`.
-    pub reason: String,
-    pub message: String,
-}
+/// The `ZtunnelAccepted` condition to write on the policy: `status` is true when the policy is
+/// sent to ztunnel; the reason is `Accepted` or `UnsupportedValue`.
+pub type PolicyStatus = crate::discovery::status::StatusCondition;
 
 impl PolicyStatus {
     fn new(status: bool, reason: &str, message: String) -> Self {

@@ -37,6 +37,8 @@ pub const DRY_RUN_ANNOTATION: &str = "istio.io/dry-run";
 pub struct AuthorizationPolicy {
     pub name: String,
     pub namespace: String,
+    /// `metadata.generation` (0 when unset): the `observedGeneration` of its status condition.
+    pub generation: i64,
     /// The `istio.io/rev` label, if any; the index ignores policies of another revision.
     pub revision: Option<String>,
     /// Annotation `istio.io/dry-run` parses as true.

@@ -1,19 +1,105 @@
 //! Building one target's resources, and encoding each resource once.
 
-use crate::discovery::authorization::PolicyStatus;
 use crate::discovery::index::{Index, Target};
 use crate::discovery::names::{
     ADDRESS_TYPE, AUTHORIZATION_TYPE, TypeKind, ip_from_bytes, network_address_key, service_key,
 };
 use crate::discovery::snapshot::Resource;
+use crate::discovery::status::{self, DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::store::Key;
 use crate::discovery::{endpoint_slice, entry, policies, service, service_entry, workload};
 use crate::pb::security::Authorization;
 use crate::pb::workload::{self as wl, Address, address};
 
 impl Index {
-    /// Builds every resource of one target, and a policy's status.
+    /// Builds every resource of one target, and the status condition of its object.
     pub(super) fn build(&self, target: &Target, reads: &mut Vec<Key>) -> Built {
+        if let Target::Policy(k) = target {
+            return self.build_policy(k);
+        }
+        let mut built = self.build_resources(target, reads);
+        built.status = self.build_status(target, reads);
+        built
+    }
+
+    /// A policy's Authorization and its `ZtunnelAccepted` condition, from one conversion.
+    fn build_policy(&self, k: &Key) -> Built {
+        let converted = policies::convert(&self.settings, &self.store, k);
+        let (authorization, desired) = match converted {
+            Some(c) => (
+                c.authorization,
+                Some(DesiredStatus {
+                    generation: self.store.policies.get(k).map_or(0, |p| p.generation),
+                    condition: c.status,
+                }),
+            ),
+            None => (None, None),
+        };
+        Built {
+            resources: authorization
+                .map(|a| (TypeKind::Authorization, authorization_resource(a)))
+                .into_iter()
+                .collect(),
+            status: Some((
+                StatusTarget::new(StatusKind::AuthorizationPolicy, k),
+                desired,
+            )),
+        }
+    }
+
+    /// The condition the target's object should carry, for the targets that own one.
+    fn build_status(
+        &self,
+        target: &Target,
+        reads: &mut Vec<Key>,
+    ) -> Option<(StatusTarget, Option<DesiredStatus>)> {
+        let store = &self.store;
+        let desired = |generation: i64, condition: Option<status::StatusCondition>| {
+            Some(DesiredStatus {
+                generation,
+                condition,
+            })
+        };
+        Some(match target {
+            Target::KubeService(k) => (
+                StatusTarget::new(StatusKind::Service, k),
+                store.services.get(k).and_then(|svc| {
+                    // istiod builds nothing for an ExternalName service, so binds nothing.
+                    let condition = (!svc.external_name)
+                        .then(|| {
+                            status::service_waypoint_bound(
+                                store,
+                                &svc.namespace,
+                                &svc.labels,
+                                reads,
+                            )
+                        })
+                        .flatten();
+                    desired(svc.generation, condition)
+                }),
+            ),
+            Target::EntryServices(k) => (
+                StatusTarget::new(StatusKind::ServiceEntry, k),
+                store.service_entries.get(k).and_then(|se| {
+                    let condition =
+                        status::service_waypoint_bound(store, &se.namespace, &se.labels, reads);
+                    desired(se.generation, condition)
+                }),
+            ),
+            Target::WorkloadEntry(k) => (
+                StatusTarget::new(StatusKind::WorkloadEntry, k),
+                store.workload_entries.get(k).and_then(|we| {
+                    let condition =
+                        status::workload_waypoint_bound(store, &we.namespace, &we.labels, reads);
+                    desired(we.generation, condition)
+                }),
+            ),
+            _ => return None,
+        })
+    }
+
+    /// Builds every resource of one target.
+    fn build_resources(&self, target: &Target, reads: &mut Vec<Key>) -> Built {
         let (settings, store) = (&self.settings, &self.store);
         let addresses = |resources: Vec<Resource>| Built {
             resources: resources
@@ -86,16 +172,7 @@ impl Index {
                     .map(service_resource)
                     .collect(),
             ),
-            Target::Policy(k) => match policies::convert(settings, store, k) {
-                Some(converted) => Built {
-                    status: Some(converted.status),
-                    ..authorization(converted.authorization)
-                },
-                None => Built {
-                    status: Some(None),
-                    ..authorization(None)
-                },
-            },
+            Target::Policy(k) => self.build_policy(k),
             Target::PeerAuthentication(k) => {
                 authorization(policies::converted_peer_policy(settings, store, k))
             }
@@ -107,8 +184,9 @@ impl Index {
 /// What building one target produced.
 pub(super) struct Built {
     pub(super) resources: Vec<(TypeKind, Resource)>,
-    /// For a policy: its new status (`Some(None)`: none).
-    pub(super) status: Option<Option<PolicyStatus>>,
+    /// For a target whose object may carry a condition: the object and what it should carry
+    /// (`None`: the object does not exist).
+    pub(super) status: Option<(StatusTarget, Option<DesiredStatus>)>,
 }
 
 fn authorization_resource(a: Authorization) -> Resource {

@@ -18,6 +18,7 @@ use crate::discovery::names::{TypeKind, pod_uid};
 use crate::discovery::snapshot::{
     Changes, HISTORY, PersistentMap, Resource, ResourceMap, Snapshot,
 };
+use crate::discovery::status::{DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::store::{Key, Store};
 
 pub use crate::discovery::store::NETWORK_LABEL;
@@ -92,6 +93,8 @@ pub struct Index {
     owners: HashMap<(TypeKind, String), Target>,
     /// `ZtunnelAccepted` status of each AuthorizationPolicy, by `ns/name`.
     policy_status: PersistentMap<String, PolicyStatus>,
+    /// What ambientd wants on each object of a kind it writes a condition on.
+    statuses: PersistentMap<StatusTarget, DesiredStatus>,
     /// Waypoint -> targets that looked it up, and the reverse.
     waypoint_readers: HashMap<Key, HashSet<Target>>,
     target_reads: HashMap<Target, Vec<Key>>,
@@ -114,6 +117,7 @@ impl Index {
             produced: HashMap::new(),
             owners: HashMap::new(),
             policy_status: PersistentMap::default(),
+            statuses: PersistentMap::default(),
             waypoint_readers: HashMap::new(),
             target_reads: HashMap::new(),
             generation: 0,
@@ -235,6 +239,7 @@ impl Index {
             members: self.members.clone(),
             history: self.history.clone(),
             policy_status: self.policy_status.clone(),
+            statuses: self.statuses.clone(),
             pod_uids: self.pod_uids.clone(),
             published_at: None,
         })
@@ -305,12 +310,8 @@ impl Index {
             let mut reads = Vec::new();
             let built = self.build(&target, &mut reads);
             self.record_reads(&target, reads);
-            if let (Target::Policy(k), Some(status)) = (&target, built.status) {
-                let name = format!("{}/{}", k.0, k.1);
-                match status {
-                    Some(status) => self.policy_status.insert(name, status),
-                    None => self.policy_status.remove(&name),
-                };
+            if let Some((object, desired)) = built.status {
+                self.set_status(object, desired, &mut changes);
             }
             let names: BTreeSet<(TypeKind, String)> = built
                 .resources
@@ -340,6 +341,40 @@ impl Index {
         }
         self.unpublished.merge(&changes);
         changes
+    }
+
+    /// Keeps one object's desired condition (and a policy's entry in `policy_status`).
+    fn set_status(
+        &mut self,
+        object: StatusTarget,
+        desired: Option<DesiredStatus>,
+        changes: &mut Changes,
+    ) {
+        if object.kind == StatusKind::AuthorizationPolicy {
+            let name = format!("{}/{}", object.namespace, object.name);
+            match desired.as_ref().and_then(|d| d.condition.as_ref()) {
+                Some(c) if self.policy_status.get(&name) != Some(c) => {
+                    self.policy_status.insert(name, c.clone());
+                }
+                None if self.policy_status.contains_key(&name) => {
+                    self.policy_status.remove(&name);
+                }
+                _ => {}
+            }
+        }
+        match desired {
+            Some(d) if self.statuses.get(&object) != Some(&d) => {
+                self.statuses.insert(object.clone(), d);
+                changes.statuses.insert(object);
+            }
+            Some(_) => {}
+            // Removing an absent key would still copy the shared map's path.
+            None if self.statuses.contains_key(&object) => {
+                self.statuses.remove(&object);
+                changes.statuses.insert(object);
+            }
+            None => {}
+        }
     }
 
     fn record_reads(&mut self, target: &Target, reads: Vec<Key>) {

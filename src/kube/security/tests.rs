@@ -74,6 +74,7 @@ spec:
     let want = AuthorizationPolicy {
         name: "p".into(),
         namespace: "ns1".into(),
+        generation: 0,
         revision: Some("canary".into()),
         dry_run: true,
         selector: Some(

@@ -1,0 +1,187 @@
+//! Status conditions ambientd writes on the objects it reads, as istiod does (conversion.md
+//! §1.6 and §1.9): `ZtunnelAccepted` on AuthorizationPolicies, `istio.io/WaypointBound` on
+//! Services, ServiceEntries and WorkloadEntries.
+//!
+//! This module only says *what* each object's condition should be. The index keeps the result
+//! per object in its snapshot ([`crate::discovery::Snapshot::statuses`]), recomputed with the
+//! object's resources, so a waypoint change re-evaluates exactly the objects bound to it. The
+//! writer (`src/kube/status.rs`) compares it with what the object carries and patches only the
+//! differences; it adds `observedGeneration` and `lastTransitionTime`.
+
+use crate::discovery::model::Labels;
+use crate::discovery::service::{INGRESS_USE_WAYPOINT, parse_bool};
+use crate::discovery::store::{Key, Store};
+use crate::discovery::waypoint::{self, Bind, BindError, Binding};
+
+/// The condition type istiod writes on Services, ServiceEntries (and here WorkloadEntries).
+pub const WAYPOINT_BOUND: &str = "istio.io/WaypointBound";
+/// The reason of a true `WaypointBound`.
+pub const WAYPOINT_ACCEPTED: &str = "WaypointAccepted";
+
+/// One condition as istiod computes it: type, status, reason and message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatusCondition {
+    /// [`WAYPOINT_BOUND`] or `ZtunnelAccepted`.
+    pub condition_type: &'static str,
+    /// The condition's status (`"True"` / `"False"` on the object).
+    pub status: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+/// The kinds of object ambientd writes a condition on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum StatusKind {
+    AuthorizationPolicy,
+    Service,
+    ServiceEntry,
+    WorkloadEntry,
+}
+
+impl StatusKind {
+    pub const ALL: [StatusKind; 4] = [
+        StatusKind::AuthorizationPolicy,
+        StatusKind::Service,
+        StatusKind::ServiceEntry,
+        StatusKind::WorkloadEntry,
+    ];
+
+    /// The one condition type ambientd owns on objects of this kind.
+    pub fn condition_type(self) -> &'static str {
+        match self {
+            StatusKind::AuthorizationPolicy => crate::discovery::authorization::ZTUNNEL_ACCEPTED,
+            _ => WAYPOINT_BOUND,
+        }
+    }
+
+    /// The Kubernetes kind name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StatusKind::AuthorizationPolicy => "AuthorizationPolicy",
+            StatusKind::Service => "Service",
+            StatusKind::ServiceEntry => "ServiceEntry",
+            StatusKind::WorkloadEntry => "WorkloadEntry",
+        }
+    }
+}
+
+/// An object that may carry a condition.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StatusTarget {
+    pub kind: StatusKind,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl StatusTarget {
+    pub fn new(kind: StatusKind, key: &Key) -> Self {
+        StatusTarget {
+            kind,
+            namespace: key.0.clone(),
+            name: key.1.clone(),
+        }
+    }
+}
+
+impl std::fmt::Display for StatusTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}/{}", self.kind.as_str(), self.namespace, self.name)
+    }
+}
+
+/// What ambientd wants on one existing object: its condition, or `None` when the object must
+/// not carry ambientd's condition type (any left from before is removed), with the
+/// `metadata.generation` it was computed from (the condition's `observedGeneration`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DesiredStatus {
+    pub generation: i64,
+    pub condition: Option<StatusCondition>,
+}
+
+/// `istio.io/WaypointBound` of a Service or ServiceEntry with these labels: true naming the
+/// waypoint (and how ingress uses it), false with the reason a requested waypoint is not used,
+/// none when no waypoint is asked for. Waypoints consulted are pushed to `reads`.
+pub fn service_waypoint_bound(
+    store: &Store,
+    namespace: &str,
+    labels: &Labels,
+    reads: &mut Vec<Key>,
+) -> Option<StatusCondition> {
+    if waypoint::never_uses_waypoint(labels) {
+        return None;
+    }
+    let binding = waypoint::binding(store, namespace, labels, Bind::Service, reads);
+    let ingress = labels
+        .get(INGRESS_USE_WAYPOINT)
+        .or_else(|| store.namespace_labels(namespace)?.get(INGRESS_USE_WAYPOINT))
+        .map(|value| parse_bool(value));
+    waypoint_bound(&binding, ingress)
+}
+
+/// `istio.io/WaypointBound` of a WorkloadEntry: as for a service, with workload traffic (a
+/// service-only waypoint inherited from the namespace is no error, only no waypoint).
+pub fn workload_waypoint_bound(
+    store: &Store,
+    namespace: &str,
+    labels: &Labels,
+    reads: &mut Vec<Key>,
+) -> Option<StatusCondition> {
+    let binding = waypoint::binding(store, namespace, labels, Bind::Workload, reads);
+    waypoint_bound(&binding, None)
+}
+
+/// The condition for a binding outcome. `ingress` is the parsed `istio.io/ingress-use-waypoint`
+/// label (the object's, else its namespace's), when present.
+pub fn waypoint_bound(binding: &Binding, ingress: Option<bool>) -> Option<StatusCondition> {
+    let (status, reason, message) = match binding {
+        Binding::Unbound => return None,
+        Binding::Bound { key, .. } => {
+            let mut message = format!("Successfully attached to waypoint {}/{}", key.0, key.1);
+            match ingress {
+                Some(true) => message.push_str(". Ingress traffic will traverse the waypoint"),
+                Some(false) => message.push_str(
+                    ". Ingress traffic is not using the waypoint, set the \
+                     istio.io/ingress-use-waypoint label to true if desired.",
+                ),
+                None => {}
+            }
+            (true, WAYPOINT_ACCEPTED, message)
+        }
+        Binding::Failed(BindError::NotReady(key)) => (
+            false,
+            "WaypointIsNotReady",
+            format!("waypoint {:?} is not ready", resource_name(key)),
+        ),
+        Binding::Failed(BindError::AttachmentDenied(key)) => (
+            false,
+            "AttachmentDenied",
+            format!(
+                "we are not permitted to attach to waypoint {:?} (missing allowedRoutes?)",
+                resource_name(key)
+            ),
+        ),
+        Binding::Failed(BindError::UnsupportedTrafficType(key, bind)) => (
+            false,
+            "UnsupportedTrafficType",
+            format!(
+                "attempting to bind to traffic type {:?} which the waypoint {:?} does not support",
+                match bind {
+                    Bind::Service => "service",
+                    Bind::Workload => "workload",
+                },
+                resource_name(key)
+            ),
+        ),
+    };
+    Some(StatusCondition {
+        condition_type: WAYPOINT_BOUND,
+        status,
+        reason: reason.to_string(),
+        message,
+    })
+}
+
+/// A waypoint as istiod names it in messages: `<namespace>/<name>`.
+fn resource_name(key: &Key) -> String {
+    format!("{}/{}", key.0, key.1)
+}
