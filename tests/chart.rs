@@ -312,9 +312,59 @@ fn values_reach_the_args() {
     // By default the trusted node account is ztunnel in the release namespace.
     let rendered = helm.render(json!({}), "mesh-system");
     assert_eq!(
+        rendered.deployment().spec.as_ref().unwrap().replicas,
+        Some(2)
+    );
+    assert_eq!(
         rendered.flag("--trusted-node-accounts"),
         ["mesh-system/ztunnel"]
     );
+}
+
+#[test]
+fn cluster_write_values_reach_the_args() {
+    let Some(helm) = engine() else { return };
+    // Defaults: leader election, the CA in Secrets, root ConfigMaps and status writes on.
+    let rendered = helm.render(json!({}), NS);
+    for (flag, value) in [
+        ("--leader-election", "true"),
+        ("--leader-lease", "ambientd-leader"),
+        ("--leader-lease-duration", "15s"),
+        ("--leader-renew-grace", "5s"),
+        ("--ca-secrets", "true"),
+        ("--root-configmaps", "true"),
+        ("--write-status", "true"),
+        ("--status-qps", "20"),
+    ] {
+        assert_eq!(rendered.flag(flag), [value], "{flag}");
+    }
+    let writes = parse_args(&rendered).writes.expect("cluster writes");
+    let leader = writes.leader.expect("leader election");
+    assert_eq!(leader.lease_name, "ambientd-leader");
+    assert_eq!(leader.namespace, NS);
+    assert!(writes.ca_secrets && writes.root_configmaps && writes.status);
+
+    let rendered = helm.render(
+        json!({
+            "leaderElection": {"leaseName": "mesh-leader", "leaseDuration": "30s", "renewGrace": "10s"},
+            "rootConfigMaps": false,
+            "writeStatus": false,
+            "statusQps": 5,
+        }),
+        NS,
+    );
+    let writes = parse_args(&rendered).writes.expect("cluster writes");
+    let leader = writes.leader.expect("leader election");
+    assert_eq!(leader.lease_name, "mesh-leader");
+    assert_eq!(leader.lease_duration, std::time::Duration::from_secs(30));
+    assert_eq!(leader.renew_grace, std::time::Duration::from_secs(10));
+    assert!(!writes.root_configmaps && !writes.status);
+    assert_eq!(writes.status_qps, 5);
+
+    // A plugged-in CA is mounted: no Secret is read through the API.
+    let rendered = helm.render(json!({"ca": {"mode": "cacerts"}}), NS);
+    assert!(rendered.flag("--ca-secrets").is_empty());
+    assert!(!parse_args(&rendered).writes.unwrap().ca_secrets);
 }
 
 #[test]
@@ -457,14 +507,37 @@ fn several_replicas_spread_and_keep_a_disruption_budget() {
         Some(selector)
     );
 
-    // With the self-signed CA every replica would make its own root: the chart refuses.
-    let error = helm
-        .render_text(&json!({"replicaCount": 2}), NS, false)
-        .expect_err("self-signed with 2 replicas must fail");
-    assert!(
-        error.contains("ca.mode selfSigned gives each replica its own root"),
-        "{error}"
+    // The self-signed CA lives in istio-ca-secret, shared by the replicas: several are fine.
+    let rendered = helm.render(json!({"replicaCount": 3}), NS);
+    assert_eq!(
+        rendered.deployment().spec.as_ref().unwrap().replicas,
+        Some(3)
     );
+    assert_eq!(rendered.flag("--ca-secrets"), ["true"]);
+    // Only a per-pod root (ca.secrets false), or every replica writing (no leader election),
+    // needs a single replica: the chart refuses more.
+    for (values, message) in [
+        (
+            json!({"replicaCount": 2, "ca": {"secrets": false}}),
+            "ca.secrets false gives each replica its own root",
+        ),
+        (
+            json!({"replicaCount": 2, "leaderElection": {"enabled": false}}),
+            "leaderElection.enabled false makes every replica write",
+        ),
+    ] {
+        let error = helm
+            .render_text(&values, NS, false)
+            .expect_err("must be refused");
+        assert!(error.contains(message), "{values}: {error}");
+    }
+    let rendered = helm.render(
+        json!({"replicaCount": 1, "ca": {"secrets": false}, "leaderElection": {"enabled": false}}),
+        NS,
+    );
+    assert_eq!(rendered.flag("--ca-secrets"), ["false"]);
+    assert_eq!(rendered.flag("--leader-election"), ["false"]);
+    assert!(rendered.flag("--leader-lease").is_empty());
 
     // No budget when disabled.
     let rendered = helm.render(json!({"podDisruptionBudget": {"enabled": false}}), NS);

@@ -13,8 +13,9 @@ use serde_json::json;
 
 const NS: &str = "istio-system";
 
-/// Every call ambientd makes to the API server today, and those the branches in flight add
-/// (leader election, the CA root in a Secret, root-cert ConfigMaps, status writes).
+/// Every call ambientd makes to the API server, as docs/deployment.md lists them ("Every API
+/// call"). tests/chart_rbac_calls.rs checks the chart against the calls whole replicas really
+/// make; this list needs no fake API server and covers a second release namespace.
 fn api_calls<'a>(own: &'a str, watched: &'a [WatchedKind]) -> Vec<ApiCall<'a>> {
     let mut calls = Vec::new();
     // The watched kinds: a cluster-wide list, then a watch. From the code's own list.
@@ -34,47 +35,48 @@ fn api_calls<'a>(own: &'a str, watched: &'a [WatchedKind]) -> Vec<ApiCall<'a>> {
         "tokenreviews",
     ));
     // Leader election, in its own namespace.
-    for verb in ["get", "create", "update", "patch"] {
+    calls.push(ApiCall::new("create", "coordination.k8s.io", "leases").ns(own));
+    for verb in ["get", "patch"] {
         calls.push(
             ApiCall::new(verb, "coordination.k8s.io", "leases")
                 .ns(own)
-                .named("ambientd"),
+                .named("ambientd-leader"),
         );
     }
-    // The CA's Secrets, in its own namespace.
+    // The CA's Secrets, in its own namespace (list and watch by a metadata.name selector).
     for name in ["istio-ca-secret", "cacerts"] {
         for verb in ["get", "list", "watch"] {
             calls.push(ApiCall::new(verb, "", "secrets").ns(own).named(name));
         }
     }
     calls.push(ApiCall::new("create", "", "secrets").ns(own));
-    // The root-cert ConfigMap in every namespace, watched cluster-wide.
+    // The root-cert ConfigMap in every namespace, watched cluster-wide by name.
     for verb in ["list", "watch"] {
-        calls.push(ApiCall::new(verb, "", "configmaps"));
+        calls.push(ApiCall::new(verb, "", "configmaps").named("istio-ca-root-cert"));
     }
     for namespace in [own, "default", "bookinfo", "kube-system"] {
-        for verb in ["get", "list", "watch", "create", "update", "patch"] {
-            calls.push(
-                ApiCall::new(verb, "", "configmaps")
-                    .ns(namespace)
-                    .named("istio-ca-root-cert"),
-            );
-        }
+        calls.push(ApiCall::new("create", "", "configmaps").ns(namespace));
+        calls.push(
+            ApiCall::new("patch", "", "configmaps")
+                .ns(namespace)
+                .named("istio-ca-root-cert"),
+        );
     }
-    // Status of the objects served.
+    // Status of the objects served: read, then patched.
     for (group, resource) in [
         ("security.istio.io", "authorizationpolicies"),
         ("networking.istio.io", "serviceentries"),
         ("networking.istio.io", "workloadentries"),
         ("", "services"),
-        ("gateway.networking.k8s.io", "gateways"),
     ] {
-        calls.push(
-            ApiCall::new("patch", group, resource)
-                .sub("status")
-                .ns("bookinfo")
-                .named("x"),
-        );
+        for verb in ["get", "patch"] {
+            calls.push(
+                ApiCall::new(verb, group, resource)
+                    .sub("status")
+                    .ns("bookinfo")
+                    .named("x"),
+            );
+        }
     }
     calls
 }
@@ -115,8 +117,9 @@ fn rbac_is_least_privilege() {
                 assert!(!word.contains('*'), "wildcard {word:?} in {rule:?}");
             }
             for verb in &rule.verbs {
+                // No update either: ambientd only patches.
                 assert!(
-                    ["get", "list", "watch", "create", "update", "patch"].contains(&verb.as_str()),
+                    ["get", "list", "watch", "create", "patch"].contains(&verb.as_str()),
                     "{verb} in {rule:?}"
                 );
             }
@@ -193,6 +196,21 @@ fn rbac_is_least_privilege() {
         ApiCall::new("delete", "", "configmaps")
             .ns("bookinfo")
             .named("istio-ca-root-cert"),
+        // Only the root ConfigMap, by name: no other ConfigMap is read or patched.
+        ApiCall::new("list", "", "configmaps"),
+        ApiCall::new("get", "", "configmaps")
+            .ns("bookinfo")
+            .named("istio-ca-root-cert"),
+        ApiCall::new("patch", "", "configmaps")
+            .ns("bookinfo")
+            .named("someone-elses"),
+        ApiCall::new("patch", "coordination.k8s.io", "leases")
+            .ns(NS)
+            .named("istio-leader"),
+        ApiCall::new("patch", "gateway.networking.k8s.io", "gateways")
+            .sub("status")
+            .ns("bookinfo")
+            .named("x"),
         ApiCall::new("create", "", "pods")
             .sub("eviction")
             .ns("bookinfo"),
@@ -200,6 +218,59 @@ fn rbac_is_least_privilege() {
     ] {
         assert!(!rbac_allows(objects, &call), "{call:?}");
     }
+}
+
+/// Each rule is rendered only while the feature that needs it is on.
+#[test]
+fn rules_follow_the_features_turned_on() {
+    let Some(helm) = engine() else { return };
+    let status = ApiCall::new("patch", "", "services")
+        .sub("status")
+        .ns("bookinfo")
+        .named("x");
+    let root = ApiCall::new("create", "", "configmaps").ns("bookinfo");
+    let secret = ApiCall::new("create", "", "secrets").ns(NS);
+    let lease = ApiCall::new("create", "coordination.k8s.io", "leases").ns(NS);
+    let rendered = helm.render(json!({}), NS);
+    for call in [&status, &root, &secret, &lease] {
+        assert!(rbac_allows(&rendered.objects, call), "{call:?}");
+    }
+    for (values, gone) in [
+        (json!({"writeStatus": false}), &status),
+        (json!({"rootConfigMaps": false}), &root),
+        (json!({"ca": {"mode": "cacerts"}}), &secret),
+        (
+            json!({"replicaCount": 1, "ca": {"secrets": false}}),
+            &secret,
+        ),
+        (
+            json!({"replicaCount": 1, "leaderElection": {"enabled": false}}),
+            &lease,
+        ),
+    ] {
+        let rendered = helm.render(values.clone(), NS);
+        assert!(!rbac_allows(&rendered.objects, gone), "{values}: {gone:?}");
+    }
+    // A renamed Lease is the one granted.
+    let rendered = helm.render(json!({"leaderElection": {"leaseName": "mesh-leader"}}), NS);
+    let renew = |name| {
+        ApiCall::new("patch", "coordination.k8s.io", "leases")
+            .ns(NS)
+            .named(name)
+    };
+    assert!(rbac_allows(&rendered.objects, &renew("mesh-leader")));
+    assert!(!rbac_allows(&rendered.objects, &renew("ambientd-leader")));
+    // Neither Secrets nor a Lease: no Role at all.
+    let rendered = helm.render(
+        json!({"replicaCount": 1, "ca": {"mode": "cacerts"}, "leaderElection": {"enabled": false}}),
+        NS,
+    );
+    assert!(
+        !rendered.kinds().contains(&"Role"),
+        "{:?}",
+        rendered.kinds()
+    );
+    assert!(!rendered.kinds().contains(&"RoleBinding"));
 }
 
 /// The evaluator itself, on hand-written RBAC: bindings, namespaces, names, subresources.

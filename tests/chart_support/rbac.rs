@@ -3,7 +3,9 @@
 //! by a ClusterRoleBinding applies in every namespace and to cluster-scoped calls; a Role, or
 //! a ClusterRole, bound by a RoleBinding applies in that binding's namespace only; `*` matches
 //! anything; `resource/subresource` must be named as such; `resourceNames` allow only calls
-//! naming one of them (so never a create, nor a list or watch without a name).
+//! naming one of them (so never a create, nor a list or watch without a name; a list or watch
+//! with a `metadata.name=` field selector names its object, as the API server's RequestInfo
+//! takes it).
 //!
 //! The input is deliberately flat (verb, group, resource, subresource, namespace, name), the
 //! shape of one line of an API server's request log, so a recorded log can be fed to it.

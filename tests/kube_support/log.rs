@@ -70,7 +70,35 @@ impl Request {
         })
     }
 
-    /// What RBAC would authorize for this request; `None` outside `/api` and `/apis`.
+    /// The query parameter `key`, percent-decoded (`+` is a space).
+    pub fn decoded_param(&self, key: &str) -> Option<String> {
+        let raw = self.param(key)?.replace('+', " ");
+        let bytes = raw.as_bytes();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok());
+            match (bytes[i], hex) {
+                (b'%', Some(byte)) => {
+                    out.push(byte);
+                    i += 3;
+                }
+                (byte, _) => {
+                    out.push(byte);
+                    i += 1;
+                }
+            }
+        }
+        Some(String::from_utf8_lossy(&out).into_owned())
+    }
+
+    /// What RBAC would authorize for this request; `None` outside `/api` and `/apis`. As the
+    /// API server's RequestInfo does, a list or watch whose field selector requires
+    /// `metadata.name` to equal a value is authorized as a call naming that object (so a rule
+    /// with `resourceNames` can allow it).
     pub fn api_call(&self) -> Option<ApiCall> {
         let parts: Vec<&str> = self.path.trim_matches('/').split('/').collect();
         let (group, rest) = match parts.as_slice() {
@@ -101,6 +129,18 @@ impl Request {
             ("DELETE", Some(_)) => "delete",
             ("DELETE", None) => "deletecollection",
             _ => return None,
+        };
+        let name = match verb {
+            "list" | "watch" => self.decoded_param("fieldSelector").and_then(|selector| {
+                selector.split(',').find_map(|term| {
+                    let (field, value) = term
+                        .split_once("==")
+                        .or_else(|| term.split_once('='))
+                        .filter(|(field, _)| !field.ends_with('!'))?;
+                    (field == "metadata.name").then(|| value.to_string())
+                })
+            }),
+            _ => name,
         };
         Some(ApiCall {
             verb: verb.into(),
