@@ -112,6 +112,35 @@ pub fn decode(value: Value) -> Vec<Decoded> {
     }]
 }
 
+/// Decodes one object of a known `apiVersion` and `kind` from its JSON text (a watched object,
+/// whose `apiVersion` and `kind` fields may be absent). The core kinds are decoded straight
+/// from the text; the others through a JSON value, as [`decode`] reads them. `None`: not a
+/// kind ambientd reads. An error names the failing field.
+pub fn decode_json(api_version: &str, kind: &str, json: &str) -> Option<Result<Object, String>> {
+    Some(match (api_version, kind) {
+        ("v1", "Namespace") => parse_json::<RawNamespace>(json).and_then(RawNamespace::reduce),
+        ("v1", "Node") => parse_json::<RawNode>(json).and_then(RawNode::reduce),
+        ("v1", "Pod") => parse_json::<RawPod>(json).and_then(RawPod::reduce),
+        ("v1", "Service") => parse_json::<RawService>(json).and_then(RawService::reduce),
+        (_, "List") | (_, "ServiceList") | (_, "PodList") => return None,
+        _ => {
+            let mut value: Value = match serde_json::from_str(json) {
+                Ok(value) => value,
+                Err(error) => return Some(Err(error.to_string())),
+            };
+            if let Some(map) = value.as_object_mut() {
+                map.insert("apiVersion".into(), api_version.into());
+                map.insert("kind".into(), kind.into());
+            }
+            match decode(value).into_iter().next()? {
+                Decoded::Object(object) => Ok(object),
+                Decoded::Invalid(error) => Err(error.reason),
+                Decoded::Ignored(_) => return None,
+            }
+        }
+    })
+}
+
 fn object_name(value: &Value) -> String {
     let meta = value.get("metadata");
     let get = |field: &str| meta.and_then(|m| m.get(field)).and_then(Value::as_str);
@@ -128,6 +157,17 @@ pub(crate) fn parse<T: for<'de> Deserialize<'de>>(value: &Value) -> Result<T, St
         let path = e.path().to_string();
         format!("{path}: {}", e.into_inner())
     })
+}
+
+/// [`parse`] from JSON text, without an intermediate value.
+pub(crate) fn parse_json<T: for<'de> Deserialize<'de>>(json: &str) -> Result<T, String> {
+    let mut deserializer = serde_json::Deserializer::from_str(json);
+    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
+        let path = e.path().to_string();
+        format!("{path}: {}", e.into_inner())
+    })?;
+    deserializer.end().map_err(|e| e.to_string())?;
+    Ok(value)
 }
 
 /// Labels and annotations, accepting unquoted scalars (`version: 2`) as their text.
