@@ -127,7 +127,7 @@ fn pod_object() -> impl Strategy<Value = Object> {
                 port,
             )| {
                 if instance {
-                    labels.insert("gateway.networking.k8s.io/gateway-name".into(), "wp".into());
+                    labels.insert("gateway.networking.k8s.io/gateway-name", "wp");
                 }
                 Object::Pod(Pod {
                     uid: pod_uid.into(),
@@ -226,7 +226,7 @@ fn workload_entry_object() -> impl Strategy<Value = Object> {
         some_labels(&[("istio.io/rev", &["default", "canary"])]),
     )
         .prop_map(|((ns, name), address, mut labels, network, revision)| {
-            labels.extend(revision);
+            labels.extend_from(&revision);
             let mut we = workload_entry(&ns, name, address, &[]);
             we.labels = labels;
             we.endpoint.ports = [("web".to_string(), 9000)].into();

@@ -288,8 +288,8 @@ impl Index {
         let revision = match object {
             Object::AuthorizationPolicy(p) => p.revision.as_deref(),
             Object::PeerAuthentication(p) => p.revision.as_deref(),
-            Object::ServiceEntry(se) => se.labels.get(REVISION_LABEL).map(String::as_str),
-            Object::WorkloadEntry(we) => we.labels.get(REVISION_LABEL).map(String::as_str),
+            Object::ServiceEntry(se) => se.labels.get(REVISION_LABEL),
+            Object::WorkloadEntry(we) => we.labels.get(REVISION_LABEL),
             _ => return true,
         };
         match revision {

@@ -292,6 +292,7 @@ impl<'de> Visitor<'de> for MetadataSeed<'_> {
 }
 
 /// What one watched object reduces to.
+#[allow(clippy::large_enum_variant)] // short-lived, consumed right away
 #[derive(Debug)]
 pub enum Reduced {
     Object(Object),
