@@ -496,7 +496,11 @@ fn observed(s: &Snapshot) -> Observed {
     Observed {
         addresses: versions(s),
         authorizations: authorization_versions(s),
-        aliases: flat(&s.aliases),
+        aliases: s
+            .aliases
+            .iter()
+            .map(|(k, v)| (k.clone(), v.iter().cloned().collect()))
+            .collect(),
         members: flat(&s.members),
         policy_status: s
             .policy_status
