@@ -282,6 +282,12 @@ async fn run(mode: &str, pods: usize) -> Figures {
     wait_for_workloads(&running, pods).await;
     let seconds = started.elapsed().as_secs_f64();
     let grown = rss().saturating_sub(before);
+    let generation = running
+        .snapshots
+        .borrow()
+        .as_ref()
+        .map_or(0, |s| s.generation);
+    println!("{mode:>5}: {generation} snapshots published");
     running.stop().await;
     Figures {
         pods_per_second: pods as f64 / seconds,
