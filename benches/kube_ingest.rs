@@ -11,7 +11,8 @@
 //! 127.0.0.1; it serves pre-serialised bytes, so its own cost is small but not zero (it shares
 //! the machine). Reports pods/s and memory per pod (RSS growth / pods).
 //!
-//! Run: `cargo bench --bench kube_ingest` (`-- --pods 100000 --mode list|watch|both`).
+//! Run: `cargo bench --bench kube_ingest` (`-- --pods 100000 --mode list|watch|both|decode`,
+//! `--debounce-ms N` to debounce the index's publications as `--debounce-after` does).
 
 #[path = "../tests/kube_support/mod.rs"]
 mod kube_support;
@@ -245,7 +246,7 @@ fn serve_fake(mode: &str, pods: usize) {
     });
 }
 
-async fn run(mode: &str, pods: usize) -> Figures {
+async fn run(mode: &str, pods: usize, debounce: Duration) -> Figures {
     let mut fake = Child::spawn(mode, pods);
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = dir.path().join("kubeconfig");
@@ -261,15 +262,22 @@ async fn run(mode: &str, pods: usize) -> Figures {
         kubeconfig: Some(kubeconfig),
         ..ClusterConfig::default()
     };
+    let config = Config {
+        debounce: ambientd::push::Debounce {
+            after: debounce,
+            max: debounce * 10,
+        },
+        ..Config::cluster(cluster)
+    };
     let (before, started, running) = match mode {
         "list" => {
             let before = rss();
             let started = Instant::now();
-            let running = app::start(Config::cluster(cluster)).await.expect("start");
+            let running = app::start(config).await.expect("start");
             (before, started, running)
         }
         "watch" => {
-            let running = app::start(Config::cluster(cluster)).await.expect("start");
+            let running = app::start(config).await.expect("start");
             fake.say("stage");
             fake.expect("staged");
             let before = rss();
@@ -282,6 +290,12 @@ async fn run(mode: &str, pods: usize) -> Figures {
     wait_for_workloads(&running, pods).await;
     let seconds = started.elapsed().as_secs_f64();
     let grown = rss().saturating_sub(before);
+    let generation = running
+        .snapshots
+        .borrow()
+        .as_ref()
+        .map_or(0, |s| s.generation);
+    println!("{mode:>5}: {generation} snapshots published");
     running.stop().await;
     Figures {
         pods_per_second: pods as f64 / seconds,
@@ -388,6 +402,13 @@ fn main() {
         serve_fake(&mode, pods);
         return;
     }
+    // The index's debounce (`--debounce-after`; `--debounce-max` is ten times it): 0 is off,
+    // the default.
+    let debounce = Duration::from_millis(
+        value("--debounce-ms")
+            .and_then(|d| d.parse().ok())
+            .unwrap_or(0),
+    );
     let mode = value("--mode").unwrap_or_else(|| "both".into());
     let modes: Vec<&str> = match mode.as_str() {
         "both" => vec!["list", "watch"],
@@ -398,6 +419,7 @@ fn main() {
         for mode in modes {
             let status = std::process::Command::new(std::env::current_exe().expect("exe"))
                 .args(["--mode", mode, "--pods", &pods.to_string()])
+                .args(["--debounce-ms", &debounce.as_millis().to_string()])
                 .status()
                 .expect("run a path");
             assert!(status.success(), "{mode} failed");
@@ -415,7 +437,7 @@ fn main() {
         let figures = if mode == "decode" {
             decode_only(pods)
         } else {
-            runtime.block_on(run(mode, pods))
+            runtime.block_on(run(mode, pods, debounce))
         };
         println!(
             "{mode:>5}: {:>9.0} pods/s  {:>6.0} B/pod (RSS growth)  {:.2} s",

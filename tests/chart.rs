@@ -596,8 +596,8 @@ fn discovery_selectors_become_a_mesh_config_ambientd_reads() {
     let labels = |pairs: &[(&str, &str)]| {
         pairs
             .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect::<std::collections::BTreeMap<_, _>>()
+            .copied()
+            .collect::<ambientd::discovery::labels::Labels>()
     };
     assert_eq!(selectors.0.len(), 2);
     assert!(selectors.selects(&labels(&[("istio-discovery", "enabled")])));

@@ -53,7 +53,7 @@ fn pod_lifecycle_changes() {
 
     // An update that changes the resource is an upsert, and is visible in the snapshot.
     let mut v2 = base.clone();
-    v2.labels.insert("version".into(), "v2".into());
+    v2.labels.insert("version", "v2");
     let before = index.snapshot().addresses.get(&p).unwrap().version.clone();
     assert_only_upserted(&index.apply(Object::Pod(v2.clone())), &[&p]);
     let after = index.snapshot().addresses.get(&p).unwrap().version.clone();

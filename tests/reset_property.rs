@@ -128,7 +128,7 @@ fn pod_object() -> impl Strategy<Value = Object> {
                 port,
             )| {
                 if instance {
-                    labels.insert("gateway.networking.k8s.io/gateway-name".into(), "wp".into());
+                    labels.insert("gateway.networking.k8s.io/gateway-name", "wp");
                 }
                 Object::Pod(Pod {
                     uid: pod_uid.into(),
@@ -227,7 +227,7 @@ fn workload_entry_object() -> impl Strategy<Value = Object> {
         some_labels(&[("istio.io/rev", &["default", "canary"])]),
     )
         .prop_map(|((ns, name), address, mut labels, network, revision)| {
-            labels.extend(revision);
+            labels.extend_from(&revision);
             let mut we = workload_entry(&ns, name, address, &[]);
             we.labels = labels;
             we.endpoint.ports = [("web".to_string(), 9000)].into();
@@ -498,7 +498,11 @@ fn observed(s: &Snapshot) -> Observed {
     Observed {
         addresses: versions(s),
         authorizations: authorization_versions(s),
-        aliases: flat(&s.aliases),
+        aliases: s
+            .aliases
+            .iter()
+            .map(|(k, v)| (k.clone(), v.iter().cloned().collect()))
+            .collect(),
         members: flat(&s.members),
         policy_status: s
             .policy_status

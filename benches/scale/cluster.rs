@@ -135,24 +135,25 @@ pub(super) fn policy_json(spec: &Spec, p: usize) -> Value {
     }})
 }
 
-/// The cluster as serialised JSON documents, one per object, in load order.
-pub(super) fn cluster_json(spec: &Spec) -> Vec<Vec<u8>> {
+/// The cluster as serialised JSON documents, one per object, in load order, with their kinds
+/// (a watcher knows the kind it watches).
+pub(super) fn cluster_json(spec: &Spec) -> Vec<(Kind, Vec<u8>)> {
     let mut docs = Vec::with_capacity(spec.pods + spec.services + spec.policies + spec.nodes);
-    let mut push = |v: Value| docs.push(serde_json::to_vec(&v).expect("serialise"));
+    let mut push = |kind, v: Value| docs.push((kind, serde_json::to_vec(&v).expect("serialise")));
     for i in 0..spec.namespaces {
-        push(namespace_json(spec, i));
+        push(Kind::Namespace, namespace_json(spec, i));
     }
     for i in 0..spec.nodes {
-        push(node_json(i));
+        push(Kind::Node, node_json(i));
     }
     for s in 0..spec.services {
-        push(service_json(spec, s));
+        push(Kind::Service, service_json(spec, s));
     }
     for p in 0..spec.policies {
-        push(policy_json(spec, p));
+        push(Kind::AuthorizationPolicy, policy_json(spec, p));
     }
     for i in 0..spec.pods {
-        push(pod_json(spec, i, true));
+        push(Kind::Pod, pod_json(spec, i, true));
     }
     docs
 }
@@ -180,8 +181,9 @@ impl Breakdown {
     }
 }
 
-/// Raw JSON bytes -> `Value` -> decoded objects -> `Index` (every resource encoded) -> snapshot.
-pub(super) fn build(docs: &[Vec<u8>]) -> (Index, Arc<Snapshot>, Breakdown) {
+/// Raw JSON bytes -> decoded objects, as the Kubernetes source does (parse: the watcher's
+/// `WatchedObject`; decode: `kinds::reduce`) -> `Index` (every resource encoded) -> snapshot.
+pub(super) fn build(docs: &[(Kind, Vec<u8>)]) -> (Index, Arc<Snapshot>, Breakdown) {
     let mut b = Breakdown {
         parse: Duration::ZERO,
         decode: Duration::ZERO,
@@ -190,16 +192,20 @@ pub(super) fn build(docs: &[Vec<u8>]) -> (Index, Arc<Snapshot>, Breakdown) {
         kinds: [(Kind::Namespace, Duration::ZERO); 5],
     };
     let t = Instant::now();
-    let values: Vec<Value> = docs
+    let parsed: Vec<(Kind, WatchedObject)> = docs
         .iter()
-        .map(|d| serde_json::from_slice(d).expect("parse"))
+        .map(|(kind, d)| (*kind, serde_json::from_slice(d).expect("parse")))
         .collect();
     b.parse = t.elapsed();
     let t = Instant::now();
+    let watched = watched_kinds();
     let mut by_kind: BTreeMap<usize, (Kind, Vec<Object>)> = BTreeMap::new();
-    for value in values {
-        let object = decode_one(value);
-        let kind = object.kind();
+    for (kind, parsed) in parsed {
+        let how = watched.iter().find(|w| w.kind == kind).expect("watched");
+        let object = match reduce(how, parsed) {
+            Reduced::Object(object) => object,
+            Reduced::Invalid(_, error) => panic!("synthetic object did not decode: {error}"),
+        };
         let order = Kind::ALL.iter().position(|k| *k == kind).unwrap_or(99);
         by_kind
             .entry(order)

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use ambientd::discovery::names::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 use ambientd::discovery::{Index, Kind, Object, Settings, Snapshot};
+use ambientd::kube::cluster::kinds::{Reduced, WatchedObject, reduce, watched_kinds};
 use ambientd::kube::objects::{Decoded, decode};
 use ambientd::metrics::Metrics;
 use ambientd::pb::google::protobuf::{Struct, Value as PbValue, value::Kind as PbKind};

@@ -10,7 +10,7 @@ pub(super) fn t1(o: &Opts) {
     // The issue fixes T1 at 10k services and 1k policies for 100k pods; Spec::new gives that.
     eprintln!("T1: generating {}", spec.label());
     let docs = cluster_json(&spec);
-    let bytes: usize = docs.iter().map(Vec::len).sum();
+    let bytes: usize = docs.iter().map(|(_, d)| d.len()).sum();
     let mut totals = Vec::new();
     let mut parts: Vec<Breakdown> = Vec::new();
     let mut prost = Vec::new();

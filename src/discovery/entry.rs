@@ -68,8 +68,7 @@ pub fn workload_entry(
         .annotations
         .get(AUTO_REGISTRATION_GROUP)
         .or_else(|| we.labels.get(WORKLOAD_NAME_LABEL))
-        .cloned()
-        .unwrap_or_else(|| we.name.clone());
+        .map_or_else(|| we.name.clone(), str::to_string);
     let (tunnel, native_tunnel) = tunnel_protocol(&we.labels, &we.annotations);
     let member = Member::Entry {
         labels: &we.labels,

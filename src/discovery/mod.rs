@@ -9,6 +9,7 @@ pub mod endpoint_slice;
 pub mod entry;
 pub mod evaluator;
 pub mod index;
+pub mod labels;
 pub mod membership;
 pub mod model;
 pub mod names;

@@ -12,8 +12,7 @@ use std::net::IpAddr;
 pub use crate::discovery::authorization::AuthorizationPolicy;
 pub use crate::discovery::peer_authentication::PeerAuthentication;
 
-/// Labels or annotations.
-pub type Labels = BTreeMap<String, String>;
+pub use crate::discovery::labels::Labels;
 
 /// The kinds of object the index understands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

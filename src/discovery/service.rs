@@ -212,7 +212,7 @@ pub fn waypoints(
     let ingress = labels
         .get(INGRESS_USE_WAYPOINT)
         .or_else(|| store.namespace_labels(namespace)?.get(INGRESS_USE_WAYPOINT))
-        .is_some_and(|v| parse_bool(v));
+        .is_some_and(parse_bool);
     (Some(primary), weighted, ingress)
 }
 
@@ -228,13 +228,13 @@ fn canary(
     let canary_namespace = labels
         .get(CANARY_NAMESPACE_LABEL)
         .or_else(|| labels.get(USE_WAYPOINT_NAMESPACE))
-        .cloned()
-        .unwrap_or_else(|| namespace.to_string());
+        .unwrap_or(namespace)
+        .to_string();
     let weight: u32 = annotations.get(CANARY_WEIGHT_ANNOTATION)?.parse().ok()?;
     if weight > 100 {
         return None;
     }
-    let key = (canary_namespace, name.clone());
+    let key = (canary_namespace, name.to_string());
     let canary = waypoint::resolve_key(store, namespace, &key, Bind::Service, reads)?;
     (canary != *primary).then_some((canary, weight))
 }

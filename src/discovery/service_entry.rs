@@ -50,7 +50,7 @@ pub fn build(
         .collect();
     let auto_allocate = se.addresses.is_empty()
         && se.resolution != Resolution::None
-        && se.labels.get(AUTOALLOCATE_LABEL).map(String::as_str) != Some("false");
+        && se.labels.get(AUTOALLOCATE_LABEL) != Some("false");
     se.hosts
         .iter()
         .filter(|host| wins(store, se, host))

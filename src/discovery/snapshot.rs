@@ -137,6 +137,9 @@ impl Changes {
 pub type PersistentMap<K, V> =
     imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
 
+/// Resource names, sorted and unique, shared between snapshots.
+pub type Names = Arc<[String]>;
+
 /// Resources of one type by name.
 pub type ResourceMap = PersistentMap<String, Arc<Resource>>;
 
@@ -152,7 +155,9 @@ pub struct Snapshot {
     pub addresses: ResourceMap,
     pub authorizations: ResourceMap,
     /// `network/ip` -> names of Address resources with that address (workloads and services).
-    pub aliases: PersistentMap<String, imbl::OrdSet<String>>,
+    /// Usually one name each, so a sorted slice rather than a set (an `imbl::OrdSet` of one
+    /// name allocates a node of sixteen).
+    pub aliases: PersistentMap<String, Names>,
     /// Service name (`ns/hostname`) -> uids of workloads whose services map holds it.
     pub members: PersistentMap<String, imbl::OrdSet<String>>,
     /// `(generation, changes that produced it)`, oldest first, at most [`HISTORY`] entries.

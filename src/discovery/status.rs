@@ -114,7 +114,7 @@ pub fn service_waypoint_bound(
     let ingress = labels
         .get(INGRESS_USE_WAYPOINT)
         .or_else(|| store.namespace_labels(namespace)?.get(INGRESS_USE_WAYPOINT))
-        .map(|value| parse_bool(value));
+        .map(parse_bool);
     waypoint_bound(&binding, ingress)
 }
 

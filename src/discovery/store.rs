@@ -81,7 +81,7 @@ impl Store {
         self.namespaces
             .get(&settings.system_namespace)
             .and_then(|ns| ns.labels.get(NETWORK_LABEL))
-            .map_or("", String::as_str)
+            .unwrap_or("")
     }
 
     pub fn namespace_labels(&self, namespace: &str) -> Option<&Labels> {
@@ -162,9 +162,9 @@ impl Store {
         self.selectors
             .entry(namespace.to_string())
             .or_default()
-            .entry(k.clone())
+            .entry(k.to_string())
             .or_default()
-            .entry(v.clone())
+            .entry(v.to_string())
             .or_default()
             .insert(service);
     }

@@ -93,13 +93,13 @@ impl Waypoint {
             .labels
             .get(WAYPOINT_FOR)
             .or_else(|| class.and_then(|c| c.labels.get(WAYPOINT_FOR)))
-            .and_then(|v| TrafficType::parse(v))
+            .and_then(TrafficType::parse)
             .unwrap_or(TrafficType::Service);
         let binding_text = gw
             .annotations
             .get(INBOUND_BINDING)
             .or_else(|| class.and_then(|c| c.annotations.get(INBOUND_BINDING)));
-        let binding = binding_text.and_then(|text| parse_binding(text));
+        let binding = binding_text.and_then(parse_binding);
         // allowedRoutes from the listener the inbound binding uses, else the HBONE listener.
         let binding_port = binding.as_ref().map(|b| b.port).filter(|p| *p != 0);
         let listener = gw
@@ -239,9 +239,9 @@ fn requested(store: &Store, namespace: &str, labels: &Labels) -> Option<(Key, bo
     }
     let waypoint_namespace = source
         .get(USE_WAYPOINT_NAMESPACE)
-        .cloned()
-        .unwrap_or_else(|| namespace.to_string());
-    Some(((waypoint_namespace, name.clone()), is_own))
+        .unwrap_or(namespace)
+        .to_string();
+    Some(((waypoint_namespace, name.to_string()), is_own))
 }
 
 /// Resolves a specific waypoint key for an object in `namespace`.

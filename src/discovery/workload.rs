@@ -37,7 +37,7 @@ pub fn build(
     let instance_of = pod
         .labels
         .get(GATEWAY_NAME_LABEL)
-        .map(|gateway| (pod.namespace.clone(), gateway.clone()));
+        .map(|gateway| (pod.namespace.clone(), gateway.to_string()));
     if let Some(key) = &instance_of {
         reads.push(key.clone());
     }
@@ -93,7 +93,7 @@ pub fn build(
 /// overridden by the `service.istio.io/workload-name` label.
 pub fn workload_name(pod: &Pod) -> String {
     if let Some(name) = pod.labels.get(WORKLOAD_NAME_LABEL) {
-        return name.clone();
+        return name.to_string();
     }
     let owner = match &pod.owner {
         Some(owner) if !pod.generate_name.is_empty() => owner,
@@ -104,7 +104,7 @@ pub fn workload_name(pod: &Pod) -> String {
         "ReplicaSet" => {
             let hash = label("pod-template-hash").or_else(|| label("rollouts-pod-template-hash"));
             match hash {
-                Some(hash) if owner.name.ends_with(hash.as_str()) => owner
+                Some(hash) if owner.name.ends_with(hash) => owner
                     .name
                     .strip_suffix(&format!("-{hash}"))
                     .unwrap_or(&owner.name)
@@ -112,9 +112,7 @@ pub fn workload_name(pod: &Pod) -> String {
                 _ => owner.name.clone(),
             }
         }
-        "ReplicationController" => label("deploymentconfig")
-            .cloned()
-            .unwrap_or_else(|| owner.name.clone()),
+        "ReplicationController" => label("deploymentconfig").unwrap_or(&owner.name).to_string(),
         "Job" => cron_job_name(&owner.name)
             .unwrap_or(&owner.name)
             .to_string(),
@@ -132,8 +130,8 @@ fn cron_job_name(job: &str) -> Option<&str> {
     (!prefix.is_empty()).then_some(prefix)
 }
 
-fn first_label<'a>(labels: &'a Labels, keys: &[&str]) -> Option<&'a String> {
-    keys.iter().find_map(|k| labels.get(*k))
+fn first_label<'a>(labels: &'a Labels, keys: &[&str]) -> Option<&'a str> {
+    keys.iter().find_map(|k| labels.get(k))
 }
 
 /// First of `service.istio.io/canonical-name`, `app.kubernetes.io/name`, `app`; else the
@@ -147,7 +145,7 @@ pub fn canonical_name(labels: &Labels, workload_name: &str) -> String {
             "app",
         ],
     )
-    .cloned()
+    .map(str::to_string)
     .unwrap_or_else(|| workload_name.to_string())
 }
 
@@ -162,7 +160,7 @@ pub fn canonical_revision(labels: &Labels) -> String {
             "version",
         ],
     )
-    .cloned()
+    .map(str::to_string)
     .unwrap_or_else(|| "latest".to_string())
 }
 
@@ -187,7 +185,7 @@ pub fn tunnel_protocol(labels: &Labels, annotations: &Labels) -> (TunnelProtocol
 /// Locality from the pod's Node labels; `None` when the node is unknown or has none of them.
 fn node_locality(store: &Store, node_name: &str) -> Option<Locality> {
     let node = store.nodes.get(node_name)?;
-    let get = |key: &str| node.labels.get(key).cloned().unwrap_or_default();
+    let get = |key: &str| node.labels.get(key).unwrap_or_default().to_string();
     let locality = Locality {
         region: get(REGION_LABEL),
         zone: get(ZONE_LABEL),

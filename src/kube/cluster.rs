@@ -2,7 +2,7 @@
 //! index the same [`Event`]s as the manifests source.
 //!
 //! Each kind has one task running `kube::runtime::watcher` with the kind's `ApiResource` over
-//! [`kinds::WatchedObject`]s (a leaner `DynamicObject`: the object's JSON value, without
+//! [`kinds::WatchedObject`]s (a leaner `DynamicObject`: the object's JSON text, without
 //! `managedFields`). Objects are reduced on arrival through the same decoders as manifests
 //! ([`kinds::reduce`]); no full object is kept. A re-list is buffered from `Init` to `InitDone`
 //! and sent as one `Reset(kind, objects)`, so it is the truth and swaps state in one step; later

@@ -100,7 +100,11 @@ pub(crate) fn endpoint_slice(value: &Value) -> Result<Object, String> {
         })
         .collect::<Result<Vec<_>, String>>()?;
     Ok(Object::EndpointSlice(EndpointSlice {
-        service_name: raw.metadata.labels.get(SERVICE_NAME_LABEL).cloned(),
+        service_name: raw
+            .metadata
+            .labels
+            .get(SERVICE_NAME_LABEL)
+            .map(str::to_string),
         name,
         namespace,
         fqdn: raw.address_type == "FQDN",
@@ -283,7 +287,7 @@ pub(crate) fn workload_entry(value: &Value) -> Result<Object, String> {
     let endpoint = endpoint(&raw.spec, "spec")?;
     // metadata labels win over spec labels.
     let mut labels = endpoint.labels.clone();
-    labels.extend(raw.metadata.labels.clone());
+    labels.extend_from(&raw.metadata.labels);
     Ok(Object::WorkloadEntry(WorkloadEntry {
         name: raw.metadata.name()?,
         namespace: raw.metadata.namespace(),

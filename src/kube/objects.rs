@@ -8,7 +8,6 @@
 //! `protocol` is TCP; a Pod's `serviceAccountName` is `serviceAccount` or `default`; its
 //! `status.phase` is `Pending`; `podIPs` is `[podIP]`.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use serde::Deserialize;
@@ -112,6 +111,35 @@ pub fn decode(value: Value) -> Vec<Decoded> {
     }]
 }
 
+/// Decodes one object of a known `apiVersion` and `kind` from its JSON text (a watched object,
+/// whose `apiVersion` and `kind` fields may be absent). The core kinds are decoded straight
+/// from the text; the others through a JSON value, as [`decode`] reads them. `None`: not a
+/// kind ambientd reads. An error names the failing field.
+pub fn decode_json(api_version: &str, kind: &str, json: &str) -> Option<Result<Object, String>> {
+    Some(match (api_version, kind) {
+        ("v1", "Namespace") => parse_json::<RawNamespace>(json).and_then(RawNamespace::reduce),
+        ("v1", "Node") => parse_json::<RawNode>(json).and_then(RawNode::reduce),
+        ("v1", "Pod") => parse_json::<RawPod>(json).and_then(RawPod::reduce),
+        ("v1", "Service") => parse_json::<RawService>(json).and_then(RawService::reduce),
+        (_, "List") | (_, "ServiceList") | (_, "PodList") => return None,
+        _ => {
+            let mut value: Value = match serde_json::from_str(json) {
+                Ok(value) => value,
+                Err(error) => return Some(Err(error.to_string())),
+            };
+            if let Some(map) = value.as_object_mut() {
+                map.insert("apiVersion".into(), api_version.into());
+                map.insert("kind".into(), kind.into());
+            }
+            match decode(value).into_iter().next()? {
+                Decoded::Object(object) => Ok(object),
+                Decoded::Invalid(error) => Err(error.reason),
+                Decoded::Ignored(_) => return None,
+            }
+        }
+    })
+}
+
 fn object_name(value: &Value) -> String {
     let meta = value.get("metadata");
     let get = |field: &str| meta.and_then(|m| m.get(field)).and_then(Value::as_str);
@@ -130,14 +158,99 @@ pub(crate) fn parse<T: for<'de> Deserialize<'de>>(value: &Value) -> Result<T, St
     })
 }
 
-/// Labels and annotations, accepting unquoted scalars (`version: 2`) as their text.
+/// [`parse`] from JSON text, without an intermediate value.
+pub(crate) fn parse_json<T: for<'de> Deserialize<'de>>(json: &str) -> Result<T, String> {
+    let mut deserializer = serde_json::Deserializer::from_str(json);
+    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
+        let path = e.path().to_string();
+        format!("{path}: {}", e.into_inner())
+    })?;
+    deserializer.end().map_err(|e| e.to_string())?;
+    Ok(value)
+}
+
+/// Labels and annotations, accepting unquoted scalars (`version: 2`) as their text; `null` is
+/// empty. Read straight into [`Labels`], without an intermediate map.
 pub(crate) fn string_map<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Labels, D::Error> {
-    let raw: Option<BTreeMap<String, Value>> = Option::deserialize(d)?;
-    Ok(raw
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(k, v)| (k, scalar_text(v)))
-        .collect())
+    d.deserialize_option(LabelsVisitor)
+}
+
+struct LabelsVisitor;
+
+impl<'de> serde::de::Visitor<'de> for LabelsVisitor {
+    type Value = Labels;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a map of strings")
+    }
+
+    fn visit_none<E>(self) -> Result<Labels, E> {
+        Ok(Labels::new())
+    }
+
+    fn visit_unit<E>(self) -> Result<Labels, E> {
+        Ok(Labels::new())
+    }
+
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Labels, D::Error> {
+        d.deserialize_map(self)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Labels, A::Error> {
+        let mut entries: Vec<(String, String)> = Vec::with_capacity(map.size_hint().unwrap_or(4));
+        while let Some((key, ScalarText(value))) = map.next_entry::<String, ScalarText>()? {
+            entries.push((key, value));
+        }
+        Ok(entries.into_iter().collect())
+    }
+}
+
+/// Any value as text: a string as itself, `null` as empty, anything else as its JSON.
+struct ScalarText(String);
+
+impl<'de> Deserialize<'de> for ScalarText {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Text;
+        impl<'de> serde::de::Visitor<'de> for Text {
+            type Value = String;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<String, E> {
+                Ok(v.to_string())
+            }
+            fn visit_string<E>(self, v: String) -> Result<String, E> {
+                Ok(v)
+            }
+            fn visit_unit<E>(self) -> Result<String, E> {
+                Ok(String::new())
+            }
+            fn visit_none<E>(self) -> Result<String, E> {
+                Ok(String::new())
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<String, E> {
+                Ok(v.to_string())
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<String, E> {
+                Ok(Value::from(v).to_string())
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<String, E> {
+                Ok(Value::from(v).to_string())
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<String, E> {
+                Ok(Value::from(v).to_string())
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, a: A) -> Result<String, A::Error> {
+                let d = serde::de::value::SeqAccessDeserializer::new(a);
+                Ok(Value::deserialize(d)?.to_string())
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, a: A) -> Result<String, A::Error> {
+                let d = serde::de::value::MapAccessDeserializer::new(a);
+                Ok(Value::deserialize(d)?.to_string())
+            }
+        }
+        d.deserialize_any(Text).map(ScalarText)
+    }
 }
 
 /// A string field that may be written unquoted as a bool or number (`status: True`).
@@ -342,7 +455,7 @@ impl RawPod {
                 .metadata
                 .annotations
                 .into_iter()
-                .filter(|(k, _)| POD_ANNOTATIONS.contains(&k.as_str()))
+                .filter(|(k, _)| POD_ANNOTATIONS.contains(k))
                 .collect(),
             owner,
             terminating: self
@@ -562,8 +675,8 @@ mod tests {
         assert_eq!(pod.ips, vec!["10.1.1.1".parse::<IpAddr>().unwrap()]);
         assert_eq!(pod.ports[0].protocol, Protocol::Tcp);
         assert!(pod.ready, "an unquoted True condition still counts");
-        assert_eq!(pod.labels["version"], "2");
-        assert_eq!(pod.labels["flag"], "true");
+        assert_eq!(pod.labels.get("version"), Some("2"));
+        assert_eq!(pod.labels.get("flag"), Some("true"));
     }
 
     #[test]

@@ -19,6 +19,7 @@ use crate::discovery::authorization::{
 };
 use crate::discovery::model::Labels;
 use crate::discovery::peer_authentication::{MtlsMode, PeerAuthentication};
+use crate::kube::objects::string_map;
 
 const API_VERSIONS: [&str; 2] = ["security.istio.io/v1", "security.istio.io/v1beta1"];
 
@@ -44,7 +45,7 @@ pub fn decode_authorization_policy(value: &Value) -> Result<AuthorizationPolicy,
         name: meta.name()?,
         namespace: meta.namespace(),
         generation: meta.generation.unwrap_or_default(),
-        revision: meta.labels.get(REVISION_LABEL).cloned(),
+        revision: meta.labels.get(REVISION_LABEL).map(str::to_string),
         dry_run: meta
             .annotations
             .get(DRY_RUN_ANNOTATION)
@@ -74,7 +75,7 @@ pub fn decode_peer_authentication(value: &Value) -> Result<PeerAuthentication, S
     Ok(PeerAuthentication {
         name: meta.name()?,
         namespace: meta.namespace(),
-        revision: meta.labels.get(REVISION_LABEL).cloned(),
+        revision: meta.labels.get(REVISION_LABEL).map(str::to_string),
         selector: spec.selector.map(|s| s.match_labels),
         mode,
         port_level,
@@ -155,16 +156,6 @@ fn parse_go_bool(value: &str) -> Option<bool> {
         "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
         _ => None,
     }
-}
-
-/// A string map (labels, annotations, matchLabels), accepting unquoted scalars as their text.
-fn string_map<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Labels, D::Error> {
-    let raw: Option<BTreeMap<String, Value>> = Option::deserialize(d)?;
-    Ok(raw
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(k, v)| (k, scalar_text(v)))
-        .collect())
 }
 
 /// A list of strings; `null` is empty and unquoted scalars (`8080`) are their text. A nested

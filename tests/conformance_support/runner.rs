@@ -413,10 +413,17 @@ impl Run {
             }
         }
         for (index, a, b) in [
-            ("aliases", &incremental.aliases, &fresh.aliases),
-            ("members", &incremental.members, &fresh.members),
+            (
+                "aliases",
+                sorted(incremental.aliases.iter().map(|(k, v)| (k, &**v))),
+                sorted(fresh.aliases.iter().map(|(k, v)| (k, &**v))),
+            ),
+            (
+                "members",
+                sorted(incremental.members.iter()),
+                sorted(fresh.members.iter()),
+            ),
         ] {
-            let (a, b) = (sorted(a.iter()), sorted(b.iter()));
             let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
             for key in keys {
                 if a.get(key) != b.get(key) {
@@ -458,7 +465,7 @@ fn summary(resource: Option<&Arc<ambientd::discovery::Resource>>) -> String {
 }
 
 /// A lookup index (`name -> set of names`) as sorted plain collections.
-fn sorted<'a, S: 'a>(
+fn sorted<'a, S: 'a + ?Sized>(
     entries: impl Iterator<Item = (&'a String, &'a S)>,
 ) -> BTreeMap<String, Vec<String>>
 where

@@ -16,7 +16,7 @@ use crate::discovery::authorization::{PolicyStatus, REVISION_LABEL};
 use crate::discovery::model::{Event, Kind, Object, ObjectRef};
 use crate::discovery::names::{TypeKind, pod_uid};
 use crate::discovery::snapshot::{
-    Changes, HISTORY, PersistentMap, Resource, ResourceMap, Snapshot,
+    Changes, HISTORY, Names, PersistentMap, Resource, ResourceMap, Snapshot,
 };
 use crate::discovery::status::{DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::store::{Key, Store};
@@ -85,10 +85,11 @@ pub struct Index {
     store: Store,
     addresses: ResourceMap,
     authorizations: ResourceMap,
-    aliases: PersistentMap<String, imbl::OrdSet<String>>,
+    aliases: PersistentMap<String, Names>,
     members: PersistentMap<String, imbl::OrdSet<String>>,
-    /// Resource names each target produced last time.
-    produced: HashMap<Target, BTreeSet<(TypeKind, String)>>,
+    /// Resource names each target produced last time, sorted (most targets produce one: a
+    /// boxed slice, where a `BTreeSet` would allocate a node of eleven).
+    produced: HashMap<Target, Box<[(TypeKind, String)]>>,
     /// The target that produced each resource name.
     owners: HashMap<(TypeKind, String), Target>,
     /// `ZtunnelAccepted` status of each AuthorizationPolicy, by `ns/name`.
@@ -293,8 +294,8 @@ impl Index {
         let revision = match object {
             Object::AuthorizationPolicy(p) => p.revision.as_deref(),
             Object::PeerAuthentication(p) => p.revision.as_deref(),
-            Object::ServiceEntry(se) => se.labels.get(REVISION_LABEL).map(String::as_str),
-            Object::WorkloadEntry(we) => we.labels.get(REVISION_LABEL).map(String::as_str),
+            Object::ServiceEntry(se) => se.labels.get(REVISION_LABEL),
+            Object::WorkloadEntry(we) => we.labels.get(REVISION_LABEL),
             _ => return true,
         };
         match revision {
@@ -313,18 +314,24 @@ impl Index {
             if let Some((object, desired)) = built.status {
                 self.set_status(object, desired, &mut changes);
             }
-            let names: BTreeSet<(TypeKind, String)> = built
+            let mut names: Vec<(TypeKind, String)> = built
                 .resources
                 .iter()
                 .map(|(kind, r)| (*kind, r.name.clone()))
                 .collect();
+            names.sort_unstable();
+            names.dedup();
             let before = if names.is_empty() {
                 self.produced.remove(&target)
             } else {
-                self.produced.insert(target.clone(), names.clone())
+                self.produced
+                    .insert(target.clone(), names.into_boxed_slice())
             };
-            for name in before.unwrap_or_default().difference(&names) {
-                released.push((name.clone(), target.clone()));
+            let now: &[(TypeKind, String)] = self.produced.get(&target).map_or(&[], |n| n);
+            for name in before.unwrap_or_default() {
+                if now.binary_search(&name).is_err() {
+                    released.push((name, target.clone()));
+                }
             }
             for (kind, resource) in built.resources {
                 let name = resource.name.clone();
@@ -438,7 +445,12 @@ impl Index {
         if let Some(old) = &old {
             self.service_count -= usize::from(old.is_service);
             for alias in &old.aliases {
-                remove_from(&mut self.aliases, alias, name);
+                if let Some(names) = self.aliases.get(alias) {
+                    match names_without(names, name) {
+                        Some(names) => self.aliases.insert(alias.clone(), names),
+                        None => self.aliases.remove(alias),
+                    };
+                }
             }
             for svc in &old.services {
                 remove_from(&mut self.members, svc, name);
@@ -449,10 +461,8 @@ impl Index {
             Some(new) => {
                 self.service_count += usize::from(new.is_service);
                 for alias in &new.aliases {
-                    self.aliases
-                        .entry(alias.clone())
-                        .or_default()
-                        .insert(name.to_string());
+                    let names = names_with(self.aliases.get(alias), name);
+                    self.aliases.insert(alias.clone(), names);
                 }
                 for svc in &new.services {
                     self.members
@@ -469,6 +479,21 @@ impl Index {
             }
         }
     }
+}
+
+/// `names` (sorted) with `name` added.
+fn names_with(names: Option<&Names>, name: &str) -> Names {
+    let mut names: Vec<String> = names.map(|n| n.to_vec()).unwrap_or_default();
+    if let Err(i) = names.binary_search_by(|n| n.as_str().cmp(name)) {
+        names.insert(i, name.to_string());
+    }
+    names.into()
+}
+
+/// `names` without `name`; `None` when nothing is left.
+fn names_without(names: &Names, name: &str) -> Option<Names> {
+    let left: Vec<String> = names.iter().filter(|n| *n != name).cloned().collect();
+    (!left.is_empty()).then(|| left.into())
 }
 
 fn remove_from(map: &mut PersistentMap<String, imbl::OrdSet<String>>, key: &str, name: &str) {

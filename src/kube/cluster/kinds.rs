@@ -1,5 +1,5 @@
 //! The kinds ambientd watches, and the turn of a watched object into what the manifests source
-//! would have produced from the same object: a JSON value through [`objects::decode`].
+//! would have produced from the same object: its JSON text through [`objects::decode_json`].
 
 use std::borrow::Cow;
 
@@ -8,10 +8,11 @@ use kube::api::ApiResource;
 use kube::core::{DynamicResourceScope, Resource};
 use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
-use serde_json::{Map, Value};
+use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::discovery::model::{Kind, Object, ObjectRef};
-use crate::kube::objects::{self, Decoded, ObjectError};
+use crate::kube::objects::{self, ObjectError};
 
 /// How one kind is watched.
 #[derive(Clone, Debug)]
@@ -114,23 +115,35 @@ pub fn watched_kinds() -> Vec<WatchedKind> {
     all
 }
 
-/// What the watcher deserialises: the object's JSON as the API server sent it, except
-/// `metadata.managedFields` (never read, and often the largest part of an object), which is
-/// skipped while parsing. The few metadata fields the watcher itself needs (resourceVersion,
-/// name, namespace) are copied into `metadata`.
+/// What the watcher deserialises: the object as the JSON text the API server sent, except
+/// `apiVersion`, `kind` (the watched kind says them) and `metadata.managedFields` (never read,
+/// and often the largest part of an object), which are skipped while parsing. The few metadata
+/// fields the watcher itself needs (resourceVersion, name, namespace, uid) are copied into
+/// `metadata`.
 ///
-/// A leaner [`kube::api::DynamicObject`]: that one buffers every object (serde `flatten`) and
-/// parses its metadata into typed structs, `managedFields` included, before we could drop it.
+/// Parsing only finds the boundaries of each top-level value (serde_json's `RawValue`) and
+/// copies their bytes: no tree of values is built, so a malformed field cannot fail the parse
+/// of a list or a watch stream. [`reduce`] then decodes the text straight into the kind's slim
+/// structs, with the failing field's path in the error.
+///
+/// This relies on being parsed by serde_json directly, as kube parses list items and watch
+/// events (`type` before `object`, as API servers send them); through a buffering
+/// deserializer (serde's `flatten` or untagged enums) `RawValue` is refused.
 #[derive(Clone, Debug, Default)]
 pub struct WatchedObject {
     metadata: ObjectMeta,
-    value: Map<String, Value>,
+    json: String,
 }
 
 impl WatchedObject {
     /// Reads an object from its JSON value (tests).
     pub fn from_value(value: Value) -> Result<Self, serde_json::Error> {
-        serde_json::from_value(value)
+        serde_json::from_str(&value.to_string())
+    }
+
+    /// The object's JSON text, without `apiVersion`, `kind` and `metadata.managedFields`.
+    pub fn json(&self) -> &str {
+        &self.json
     }
 }
 
@@ -169,85 +182,117 @@ impl Resource for WatchedObject {
 
 impl<'de> Deserialize<'de> for WatchedObject {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let value = deserializer.deserialize_map(ObjectVisitor)?;
-        let meta = value.get("metadata");
-        let text = |key: &str| {
-            meta.and_then(|m| m.get(key))
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        };
-        let metadata = ObjectMeta {
-            name: text("name"),
-            namespace: text("namespace"),
-            resource_version: text("resourceVersion"),
-            uid: text("uid"),
-            ..ObjectMeta::default()
-        };
-        Ok(WatchedObject { metadata, value })
+        deserializer.deserialize_map(ObjectVisitor)
     }
 }
 
 struct ObjectVisitor;
 
 impl<'de> Visitor<'de> for ObjectVisitor {
-    type Value = Map<String, Value>;
+    type Value = WatchedObject;
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("a Kubernetes object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut object = Map::new();
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<WatchedObject, A::Error> {
+        let mut object = WatchedObject {
+            metadata: ObjectMeta::default(),
+            json: String::with_capacity(2048),
+        };
+        object.json.push('{');
         while let Some(key) = map.next_key::<String>()? {
-            let value = if key == "metadata" {
-                map.next_value_seed(MetadataSeed)?
-            } else {
-                map.next_value::<Value>()?
-            };
-            object.insert(key, value);
+            match &*key {
+                "apiVersion" | "kind" => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+                "metadata" => {
+                    push_key(&mut object.json, &key);
+                    map.next_value_seed(MetadataSeed {
+                        json: &mut object.json,
+                        meta: &mut object.metadata,
+                    })?;
+                }
+                _ => {
+                    let raw = map.next_value::<Box<RawValue>>()?;
+                    push_key(&mut object.json, &key);
+                    object.json.push_str(raw.get());
+                }
+            }
         }
+        object.json.push('}');
         Ok(object)
     }
 }
 
-/// `metadata` without `managedFields`.
-struct MetadataSeed;
+/// Appends `"key":` (after a comma unless it is the first entry of an object).
+fn push_key(json: &mut String, key: &str) {
+    if !json.ends_with('{') {
+        json.push(',');
+    }
+    if key.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        json.push('"');
+        json.push_str(key);
+        json.push('"');
+    } else {
+        json.push_str(&Value::from(key).to_string());
+    }
+    json.push(':');
+}
 
-impl<'de> DeserializeSeed<'de> for MetadataSeed {
-    type Value = Value;
+/// `metadata` without `managedFields`, appended to the object's text; the fields the watcher
+/// needs are copied into `meta`.
+struct MetadataSeed<'a> {
+    json: &'a mut String,
+    meta: &'a mut ObjectMeta,
+}
 
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
-        deserializer.deserialize_any(MetadataVisitor)
+impl<'de> DeserializeSeed<'de> for MetadataSeed<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
     }
 }
 
-struct MetadataVisitor;
-
-impl<'de> Visitor<'de> for MetadataVisitor {
-    type Value = Value;
+impl<'de> Visitor<'de> for MetadataSeed<'_> {
+    type Value = ();
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("object metadata")
     }
 
-    fn visit_unit<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
+    fn visit_unit<E>(self) -> Result<(), E> {
+        self.json.push_str("null");
+        Ok(())
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-        let mut meta = Map::new();
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        self.json.push('{');
         while let Some(key) = map.next_key::<String>()? {
             if key == "managedFields" {
                 map.next_value::<IgnoredAny>()?;
-            } else {
-                meta.insert(key, map.next_value::<Value>()?);
+                continue;
             }
+            let raw = map.next_value::<Box<RawValue>>()?;
+            let text = || serde_json::from_str::<String>(raw.get()).ok();
+            match &*key {
+                "name" => self.meta.name = text(),
+                "namespace" => self.meta.namespace = text(),
+                "resourceVersion" => self.meta.resource_version = text(),
+                "uid" => self.meta.uid = text(),
+                _ => {}
+            }
+            push_key(self.json, &key);
+            self.json.push_str(raw.get());
         }
-        Ok(Value::Object(meta))
+        self.json.push('}');
+        Ok(())
     }
 }
 
 /// What one watched object reduces to.
+#[allow(clippy::large_enum_variant)] // short-lived, consumed right away
 #[derive(Debug)]
 pub enum Reduced {
     Object(Object),
@@ -275,41 +320,33 @@ pub fn object_ref(watched: &WatchedKind, object: &WatchedObject) -> ObjectRef {
 /// Reduces a watched object exactly as the manifests source reduces the same object.
 pub fn reduce(watched: &WatchedKind, object: WatchedObject) -> Reduced {
     let reference = object_ref(watched, &object);
-    let value = to_value(&watched.resource, object);
+    let resource = &watched.resource;
     let invalid = |reason: String| ObjectError {
-        kind: watched.resource.kind.clone(),
+        kind: resource.kind.clone(),
         name: reference.to_string(),
         reason,
     };
-    match objects::decode(value).into_iter().next() {
-        Some(Decoded::Object(object)) if object.kind() == watched.kind => Reduced::Object(object),
-        Some(Decoded::Object(other)) => Reduced::Invalid(
-            reference.clone(),
-            invalid(format!("decoded as a {}", other.kind())),
-        ),
-        Some(Decoded::Invalid(error)) => Reduced::Invalid(reference, error),
-        Some(Decoded::Ignored(_)) | None => Reduced::Invalid(
-            reference.clone(),
-            invalid("not a kind ambientd reads".into()),
-        ),
+    match objects::decode_json(&resource.api_version, &resource.kind, &object.json) {
+        Some(Ok(object)) if object.kind() == watched.kind => Reduced::Object(object),
+        Some(Ok(other)) => {
+            let error = invalid(format!("decoded as a {}", other.kind()));
+            Reduced::Invalid(reference, error)
+        }
+        Some(Err(reason)) => {
+            let error = invalid(reason);
+            Reduced::Invalid(reference, error)
+        }
+        None => {
+            let error = invalid("not a kind ambientd reads".into());
+            Reduced::Invalid(reference, error)
+        }
     }
-}
-
-/// The object as the JSON the API server sent, with `apiVersion`/`kind` filled in (list items
-/// omit them).
-pub fn to_value(resource: &ApiResource, object: WatchedObject) -> Value {
-    let mut map = object.value;
-    map.insert(
-        "apiVersion".into(),
-        Value::String(resource.api_version.clone()),
-    );
-    map.insert("kind".into(), Value::String(resource.kind.clone()));
-    Value::Object(map)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kube::objects::Decoded;
     use serde_json::json;
 
     fn dynamic(value: Value) -> WatchedObject {
@@ -353,5 +390,53 @@ mod tests {
         };
         assert_eq!(reference, ObjectRef::new(Kind::Service, "n", "s"));
         assert!(error.to_string().contains("spec.ports[0].port"), "{error}");
+    }
+
+    #[test]
+    fn managed_fields_and_type_fields_are_dropped_and_metadata_is_kept() {
+        let object = dynamic(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "n", "uid": "u", "resourceVersion": "9",
+                "managedFields": [{"manager": "x"}], "labels": {"a\"b": "c"}},
+            "spec": {"nodeName": "n1"}
+        }));
+        let meta = object.meta();
+        assert_eq!(meta.name.as_deref(), Some("p"));
+        assert_eq!(meta.namespace.as_deref(), Some("n"));
+        assert_eq!(meta.uid.as_deref(), Some("u"));
+        assert_eq!(meta.resource_version.as_deref(), Some("9"));
+        let value: Value = serde_json::from_str(object.json()).expect("valid JSON");
+        assert_eq!(
+            value,
+            json!({"metadata": {"name": "p", "namespace": "n", "uid": "u", "resourceVersion": "9",
+                "labels": {"a\"b": "c"}}, "spec": {"nodeName": "n1"}})
+        );
+    }
+
+    #[test]
+    fn a_wrongly_typed_field_fails_the_object_not_the_list() {
+        let pods = &watched_kinds()[8];
+        // As kube reads a list page: every item parses; the bad one fails in `reduce`, with
+        // the field's path.
+        let page = json!([
+            {"metadata": {"name": "bad", "namespace": "n"},
+             "spec": {"containers": [{"ports": [{"name": "http", "containerPort": "eighty"}]}]}},
+            {"metadata": {"name": "good", "namespace": "n"}, "status": {"podIP": "10.0.0.2"}}
+        ]);
+        let items: Vec<WatchedObject> = serde_json::from_str(&page.to_string()).expect("parse");
+        let mut items = items.into_iter();
+        let Reduced::Invalid(reference, error) = reduce(pods, items.next().unwrap()) else {
+            panic!("valid?")
+        };
+        assert_eq!(reference, ObjectRef::new(Kind::Pod, "n", "bad"));
+        let text = error.to_string();
+        assert!(
+            text.contains("spec.containers[0].ports[0].containerPort"),
+            "{text}"
+        );
+        assert!(matches!(
+            reduce(pods, items.next().unwrap()),
+            Reduced::Object(Object::Pod(_))
+        ));
     }
 }

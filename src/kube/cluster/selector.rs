@@ -34,8 +34,12 @@ pub enum Requirement {
 impl Requirement {
     fn matches(&self, labels: &Labels) -> bool {
         match self {
-            Requirement::In(key, values) => labels.get(key).is_some_and(|v| values.contains(v)),
-            Requirement::NotIn(key, values) => labels.get(key).is_none_or(|v| !values.contains(v)),
+            Requirement::In(key, values) => labels
+                .get(key)
+                .is_some_and(|v| values.iter().any(|x| x == v)),
+            Requirement::NotIn(key, values) => labels
+                .get(key)
+                .is_none_or(|v| !values.iter().any(|x| x == v)),
             Requirement::Exists(key) => labels.contains_key(key),
             Requirement::DoesNotExist(key) => !labels.contains_key(key),
         }
@@ -251,7 +255,7 @@ struct MeshConfig {
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 struct RawLabelSelector {
-    match_labels: Option<Labels>,
+    match_labels: Option<std::collections::BTreeMap<String, String>>,
     match_expressions: Option<Vec<RawExpression>>,
 }
 
@@ -317,7 +321,7 @@ mod tests {
         ]);
         assert!(s.matches(&good));
         let mut legacy = good.clone();
-        legacy.insert("legacy".into(), "".into());
+        legacy.insert("legacy", "");
         assert!(!s.matches(&legacy));
         assert!(!s.matches(&labels(&[
             ("istio-discovery", "enabled"),

@@ -1,0 +1,280 @@
+//! [`Labels`]: a compact, sorted, immutable-by-default string map for labels, annotations and
+//! selectors.
+//!
+//! Every reduced object holds a few of these, and 100k pods hold 100k of them, so their size
+//! matters more than their speed of mutation. A `BTreeMap<String, String>` allocates a node of
+//! eleven slots (about 540 bytes) even for one entry, plus two strings per entry. `Labels`
+//! packs all keys and values into one string, with one array of end offsets: two allocations
+//! for any number of entries, none when empty. Entries are sorted by key with unique keys, so
+//! equality is that of the bytes and lookups are a binary search. Building one sorts the entries
+//! (the last value of a repeated key wins, as `BTreeMap::from_iter`); `insert` rebuilds, and is
+//! meant for tests and merges, not hot paths.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// A sorted map of label keys to values, packed into two allocations.
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct Labels {
+    /// Every key and value, in order: `k0 v0 k1 v1 ...`.
+    text: Box<str>,
+    /// The end offset in `text` of each key and value (`2 * len` entries).
+    ends: Box<[u32]>,
+}
+
+impl Labels {
+    pub fn new() -> Self {
+        Labels::default()
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.ends.len() / 2
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    fn bound(&self, i: usize) -> usize {
+        if i == 0 { 0 } else { self.ends[i - 1] as usize }
+    }
+
+    fn key_at(&self, i: usize) -> &str {
+        &self.text[self.bound(2 * i)..self.ends[2 * i] as usize]
+    }
+
+    fn entry(&self, i: usize) -> (&str, &str) {
+        let (start, mid, end) = (
+            self.bound(2 * i),
+            self.ends[2 * i] as usize,
+            self.ends[2 * i + 1] as usize,
+        );
+        (&self.text[start..mid], &self.text[mid..end])
+    }
+
+    fn find(&self, key: &str) -> Result<usize, usize> {
+        let (mut low, mut high) = (0, self.len());
+        while low < high {
+            let mid = (low + high) / 2;
+            match self.key_at(mid).cmp(key) {
+                std::cmp::Ordering::Less => low = mid + 1,
+                std::cmp::Ordering::Greater => high = mid,
+                std::cmp::Ordering::Equal => return Ok(mid),
+            }
+        }
+        Err(low)
+    }
+
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.find(key).ok().map(|i| self.entry(i).1)
+    }
+
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.find(key).is_ok()
+    }
+
+    /// Entries in key order.
+    pub fn iter(&self) -> Iter<'_> {
+        Iter {
+            labels: self,
+            front: 0,
+            back: self.len(),
+        }
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.iter().map(|(k, _)| k)
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &str> {
+        self.iter().map(|(_, v)| v)
+    }
+
+    /// The entry with the smallest key.
+    pub fn first(&self) -> Option<(&str, &str)> {
+        self.iter().next()
+    }
+
+    /// Sets one entry (rebuilding the whole map).
+    pub fn insert(&mut self, key: impl AsRef<str>, value: impl AsRef<str>) {
+        let (key, value) = (key.as_ref(), value.as_ref());
+        let mut entries: Vec<(&str, &str)> = self.iter().collect();
+        match self.find(key) {
+            Ok(i) => entries[i].1 = value,
+            Err(i) => entries.insert(i, (key, value)),
+        }
+        *self = Labels::from_sorted(&entries);
+    }
+
+    /// Adds every entry of `other`, whose values win.
+    pub fn extend_from(&mut self, other: &Labels) {
+        if other.is_empty() {
+            return;
+        }
+        *self = self.iter().chain(other.iter()).collect();
+    }
+
+    /// Packs entries already sorted by key, with unique keys.
+    fn from_sorted(entries: &[(&str, &str)]) -> Self {
+        if entries.is_empty() {
+            return Labels::default();
+        }
+        let size: usize = entries.iter().map(|(k, v)| k.len() + v.len()).sum();
+        assert!(u32::try_from(size).is_ok(), "labels over 4 GiB");
+        let mut text = String::with_capacity(size);
+        let mut ends = Vec::with_capacity(entries.len() * 2);
+        for (k, v) in entries {
+            text.push_str(k);
+            ends.push(text.len() as u32);
+            text.push_str(v);
+            ends.push(text.len() as u32);
+        }
+        Labels {
+            text: text.into_boxed_str(),
+            ends: ends.into_boxed_slice(),
+        }
+    }
+
+    /// Packs entries in any order; the last value of a repeated key wins.
+    fn from_entries<K: AsRef<str>, V: AsRef<str>>(mut entries: Vec<(K, V)>) -> Self {
+        // Stable, so equal keys keep their order and the last one can win.
+        entries.sort_by(|a, b| a.0.as_ref().cmp(b.0.as_ref()));
+        let mut unique: Vec<(&str, &str)> = Vec::with_capacity(entries.len());
+        for (k, v) in &entries {
+            match unique.last_mut() {
+                Some(last) if last.0 == k.as_ref() => last.1 = v.as_ref(),
+                _ => unique.push((k.as_ref(), v.as_ref())),
+            }
+        }
+        Labels::from_sorted(&unique)
+    }
+}
+
+/// Entries of [`Labels`], in key order.
+#[derive(Clone, Debug)]
+pub struct Iter<'a> {
+    labels: &'a Labels,
+    front: usize,
+    back: usize,
+}
+
+impl<'a> Iterator for Iter<'a> {
+    type Item = (&'a str, &'a str);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.front == self.back {
+            return None;
+        }
+        self.front += 1;
+        Some(self.labels.entry(self.front - 1))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.back - self.front;
+        (n, Some(n))
+    }
+}
+
+impl DoubleEndedIterator for Iter<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        if self.front == self.back {
+            return None;
+        }
+        self.back -= 1;
+        Some(self.labels.entry(self.back))
+    }
+}
+
+impl ExactSizeIterator for Iter<'_> {}
+
+impl<'a> IntoIterator for &'a Labels {
+    type Item = (&'a str, &'a str);
+    type IntoIter = Iter<'a>;
+
+    fn into_iter(self) -> Iter<'a> {
+        self.iter()
+    }
+}
+
+impl<K: AsRef<str>, V: AsRef<str>> FromIterator<(K, V)> for Labels {
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
+        Labels::from_entries(iter.into_iter().collect())
+    }
+}
+
+impl<K: AsRef<str>, V: AsRef<str>, const N: usize> From<[(K, V); N]> for Labels {
+    fn from(entries: [(K, V); N]) -> Self {
+        entries.into_iter().collect()
+    }
+}
+
+impl From<BTreeMap<String, String>> for Labels {
+    fn from(map: BTreeMap<String, String>) -> Self {
+        let entries: Vec<(&str, &str)> =
+            map.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        Labels::from_sorted(&entries)
+    }
+}
+
+impl std::ops::Index<&str> for Labels {
+    type Output = str;
+
+    fn index(&self, key: &str) -> &str {
+        self.get(key).expect("no such label")
+    }
+}
+
+impl fmt::Debug for Labels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_are_sorted_unique_and_the_last_value_wins() {
+        let labels: Labels = [("b", "2"), ("a", "1"), ("b", "3"), ("", "empty")]
+            .into_iter()
+            .collect();
+        let entries: Vec<_> = labels.iter().collect();
+        assert_eq!(entries, vec![("", "empty"), ("a", "1"), ("b", "3")]);
+        assert_eq!(labels.len(), 3);
+        assert_eq!(labels.get("b"), Some("3"));
+        assert_eq!(labels.get("c"), None);
+        assert_eq!(&labels["a"], "1");
+        assert!(labels.contains_key(""));
+        assert_eq!(labels.first(), Some(("", "empty")));
+        assert_eq!(labels.iter().next_back(), Some(("b", "3")));
+        assert_eq!(
+            format!("{labels:?}"),
+            r#"{"": "empty", "a": "1", "b": "3"}"#
+        );
+    }
+
+    #[test]
+    fn equal_maps_are_equal_whatever_the_order_they_were_built_in() {
+        let one = Labels::from([("x", "1"), ("y", "2")]);
+        let mut two = Labels::from([("y", "2")]);
+        two.insert("x", "1");
+        assert_eq!(one, two);
+        two.insert("x", "3");
+        assert_eq!(two.get("x"), Some("3"));
+        assert_ne!(one, two);
+        let mut merged = one.clone();
+        merged.extend_from(&Labels::from([("x", "9"), ("z", "0")]));
+        assert_eq!(merged, Labels::from([("x", "9"), ("y", "2"), ("z", "0")]));
+    }
+
+    #[test]
+    fn empty_labels_allocate_nothing_and_values_may_be_empty() {
+        let empty = Labels::new();
+        assert!(empty.is_empty() && empty.iter().next().is_none());
+        assert_eq!(Labels::from([("k", "")]).get("k"), Some(""));
+        let from_map: Labels = BTreeMap::from([("k".to_string(), "v".to_string())]).into();
+        assert_eq!(from_map, Labels::from([("k", "v")]));
+    }
+}
