@@ -135,6 +135,12 @@ pub struct ServeArgs {
     #[arg(long, env = "AMBIENTD_STREAM_IDLE_TIMEOUT", default_value = "5m", value_parser = short_duration)]
     pub stream_idle_timeout: Duration,
 
+    /// On SIGTERM: stop accepting, end every xDS stream (ztunnels get GOAWAY and reconnect to
+    /// another replica), let certificate requests in flight finish, and exit within this long.
+    /// Keep it under the pod's terminationGracePeriodSeconds (30s by default).
+    #[arg(long, env = "AMBIENTD_SHUTDOWN_GRACE", default_value = "10s", value_parser = short_duration)]
+    pub shutdown_grace: Duration,
+
     /// Log filter: a level (info, debug, ...) or a tracing directive list (ambientd=debug,info).
     #[arg(long, env = "AMBIENTD_LOG_LEVEL", default_value = "info", value_parser = log_filter)]
     pub log_level: String,
@@ -226,6 +232,8 @@ pub struct Config {
     pub max_stream_age: Option<Duration>,
     /// Streams whose proxy reads nothing for this long are dropped; `None` never.
     pub stream_idle_timeout: Option<Duration>,
+    /// The longest a shutdown waits for servers to drain.
+    pub shutdown_grace: Duration,
 }
 
 impl Config {
@@ -242,6 +250,7 @@ impl Config {
             debounce: crate::push::Debounce::default(),
             max_stream_age: None,
             stream_idle_timeout: None,
+            shutdown_grace: Duration::from_secs(10),
         }
     }
 }
@@ -304,6 +313,7 @@ impl TryFrom<ServeArgs> for Config {
             },
             max_stream_age: Some(args.max_connection_age).filter(|a| !a.is_zero()),
             stream_idle_timeout: Some(args.stream_idle_timeout).filter(|i| !i.is_zero()),
+            shutdown_grace: args.shutdown_grace,
         })
     }
 }

@@ -270,7 +270,7 @@ impl CaServer {
             ..
         } = self;
         let incoming = tls::incoming(listener, tls.clone(), shutdown.clone());
-        let server = tonic::transport::Server::builder()
+        let server = crate::push::server::grpc_server()
             .add_service(XdsGuard::new(ads, state.clone()))
             .add_service(CertificateService::new(state.clone()).into_service())
             .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned());

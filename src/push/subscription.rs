@@ -124,6 +124,8 @@ pub struct TypeState {
     held: HashMap<String, String>,
     /// The nonce of the last response sent.
     pub last_nonce: String,
+    /// The generation of the snapshot this type was last brought up to date with.
+    seen: u64,
 }
 
 impl TypeState {
@@ -159,6 +161,7 @@ impl TypeState {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
             last_nonce: String::new(),
+            seen: 0,
         }
     }
 
@@ -173,8 +176,22 @@ impl TypeState {
         }
     }
 
+    /// How many resource names of this type changed between what the client was last brought
+    /// up to date with and `latest`: each name once however often it changed (for an explicit
+    /// client an upper bound, since it may not hold them all).
+    pub fn changed_names(&self, latest: &Snapshot) -> usize {
+        if latest.generation == self.seen {
+            return 0;
+        }
+        match latest.changes_since(self.seen) {
+            Some(changes) => changes.of(self.kind).names().count(),
+            None => latest.resources(self.kind).len(),
+        }
+    }
+
     /// What a new snapshot means for this client.
     pub fn on_snapshot(&mut self, snapshot: &Arc<Snapshot>) -> Delta {
+        self.seen = snapshot.generation;
         if !self.subscription.wildcard {
             return self.explicit(snapshot, &[]);
         }
@@ -254,6 +271,7 @@ impl TypeState {
 
     /// Full wildcard sync against what the client holds (`held`), then track by snapshot.
     fn sync_wildcard(&mut self, snapshot: &Arc<Snapshot>) -> Delta {
+        self.seen = snapshot.generation;
         let resources = snapshot.resources(self.kind);
         let mut delta = Delta::default();
         for (name, resource) in resources.iter() {
@@ -279,6 +297,7 @@ impl TypeState {
     /// `fresh` keys that is not itself a resource name is also listed as removed, so that a
     /// client waiting on exactly that key (ztunnel's on-demand `/10.0.0.5`) wakes up.
     fn explicit(&mut self, snapshot: &Arc<Snapshot>, fresh: &[String]) -> Delta {
+        self.seen = snapshot.generation;
         let resources = snapshot.resources(self.kind);
         let mut wanted: BTreeSet<String> = BTreeSet::new();
         for key in &self.subscription.names {
@@ -319,6 +338,41 @@ impl TypeState {
         delta.removed = removed.into_iter().collect();
         delta
     }
+}
+
+/// Splits a delta so that no response's resources exceed about `max_bytes` (a resource larger
+/// than that goes alone). Removals go with the first part. Always at least one part, so an
+/// initial request is answered even when there is nothing to send.
+pub fn split(delta: Delta, max_bytes: usize) -> Vec<Delta> {
+    let size = |r: &Resource| {
+        // The Any and its type URL, name, version, aliases, and each field's tag and length.
+        r.any.value.len()
+            + r.any.type_url.len()
+            + r.name.len()
+            + r.version.len()
+            + r.aliases.iter().map(|a| a.len() + 2).sum::<usize>()
+            + 16
+    };
+    let total: usize = delta.resources.iter().map(|r| size(r)).sum();
+    if total <= max_bytes {
+        return vec![delta];
+    }
+    let mut parts = vec![Delta {
+        resources: Vec::new(),
+        removed: delta.removed,
+    }];
+    let mut bytes = 0;
+    for resource in delta.resources {
+        let n = size(&resource);
+        let current = parts.last_mut().expect("one part");
+        if !current.resources.is_empty() && bytes + n > max_bytes {
+            parts.push(Delta::default());
+            bytes = 0;
+        }
+        bytes += n;
+        parts.last_mut().expect("one part").resources.push(resource);
+    }
+    parts
 }
 
 /// Sends `name` if its version differs between the client's snapshot and the new one;
