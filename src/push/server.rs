@@ -298,6 +298,9 @@ impl Connection {
                     }
                     let latest = self.snapshots.borrow_and_update().clone();
                     if let Some(latest) = latest {
+                        for state in self.types.values_mut() {
+                            state.note(&latest);
+                        }
                         self.latest = Some(latest);
                         self.pushed = false;
                         self.dirty = self.types.keys().copied().collect();

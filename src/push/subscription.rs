@@ -124,8 +124,12 @@ pub struct TypeState {
     held: HashMap<String, String>,
     /// The nonce of the last response sent.
     pub last_nonce: String,
-    /// The generation of the snapshot this type was last brought up to date with.
+    /// The generation of the newest snapshot noted.
     seen: u64,
+    /// Names changed between the client's view and snapshot `seen`, each once however often it
+    /// changed (bounded by the type's names); `None` once the client fell further behind than
+    /// the snapshots' history reaches, when a full comparison is due.
+    changed: Option<BTreeSet<String>>,
 }
 
 impl TypeState {
@@ -162,6 +166,7 @@ impl TypeState {
                 .collect(),
             last_nonce: String::new(),
             seen: 0,
+            changed: Some(BTreeSet::new()),
         }
     }
 
@@ -180,18 +185,29 @@ impl TypeState {
     /// up to date with and `latest`: each name once however often it changed (for an explicit
     /// client an upper bound, since it may not hold them all).
     pub fn changed_names(&self, latest: &Snapshot) -> usize {
-        if latest.generation == self.seen {
-            return 0;
-        }
-        match latest.changes_since(self.seen) {
-            Some(changes) => changes.of(self.kind).names().count(),
+        match &self.changed {
+            Some(changed) => changed.len(),
             None => latest.resources(self.kind).len(),
         }
     }
 
+    /// Folds the changes up to `latest` into the names still to compare, without computing
+    /// anything to send: what a connection does for each snapshot while its proxy is slow.
+    pub fn note(&mut self, latest: &Snapshot) {
+        if latest.generation <= self.seen {
+            return;
+        }
+        if let Some(changed) = &mut self.changed {
+            match latest.changes_since(self.seen) {
+                Some(changes) => changed.extend(changes.of(self.kind).names().cloned()),
+                None => self.changed = None,
+            }
+        }
+        self.seen = latest.generation;
+    }
+
     /// What a new snapshot means for this client.
     pub fn on_snapshot(&mut self, snapshot: &Arc<Snapshot>) -> Delta {
-        self.seen = snapshot.generation;
         if !self.subscription.wildcard {
             return self.explicit(snapshot, &[]);
         }
@@ -201,12 +217,13 @@ impl TypeState {
         if synced.generation == snapshot.generation {
             return Delta::default();
         }
+        self.note(snapshot);
         let resources = snapshot.resources(self.kind);
         let old = synced.resources(self.kind);
         let mut delta = Delta::default();
-        match snapshot.changes_since(synced.generation) {
-            Some(changes) => {
-                for name in changes.of(self.kind).names() {
+        match self.changed.replace(BTreeSet::new()) {
+            Some(changed) => {
+                for name in &changed {
                     diff_one(name, old, resources, &mut delta);
                 }
             }
@@ -272,6 +289,7 @@ impl TypeState {
     /// Full wildcard sync against what the client holds (`held`), then track by snapshot.
     fn sync_wildcard(&mut self, snapshot: &Arc<Snapshot>) -> Delta {
         self.seen = snapshot.generation;
+        self.changed = Some(BTreeSet::new());
         let resources = snapshot.resources(self.kind);
         let mut delta = Delta::default();
         for (name, resource) in resources.iter() {
@@ -298,6 +316,7 @@ impl TypeState {
     /// client waiting on exactly that key (ztunnel's on-demand `/10.0.0.5`) wakes up.
     fn explicit(&mut self, snapshot: &Arc<Snapshot>, fresh: &[String]) -> Delta {
         self.seen = snapshot.generation;
+        self.changed = Some(BTreeSet::new());
         let resources = snapshot.resources(self.kind);
         let mut wanted: BTreeSet<String> = BTreeSet::new();
         for key in &self.subscription.names {
