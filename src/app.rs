@@ -103,6 +103,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
                 .with_max_stream_age(config.max_stream_age)
                 .with_idle_timeout(config.stream_idle_timeout)
                 .with_shutdown(shutdown.clone())
+                .with_scope_to_node(config.scope_to_node)
                 .into_service();
             let ca = crate::ca::CaConfig {
                 metrics: metrics.clone(),
@@ -156,6 +157,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         .with_max_stream_age(config.max_stream_age)
         .with_idle_timeout(config.stream_idle_timeout)
         .with_shutdown(shutdown.clone())
+        .with_scope_to_node(config.scope_to_node)
         .into_service();
     let stop = shutdown.clone();
     tasks.spawn(async move {

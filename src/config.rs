@@ -135,6 +135,13 @@ pub struct ServeArgs {
     #[arg(long, env = "AMBIENTD_STREAM_IDLE_TIMEOUT", default_value = "5m", value_parser = short_duration)]
     pub stream_idle_timeout: Duration,
 
+    /// Node-scoped pushes: a ztunnel (metadata NODE_NAME) gets its own node's workloads, the
+    /// services they are part of, the waypoints those use and the waypoints' workloads, and
+    /// everything else on demand (ztunnel's XDS_ON_DEMAND=true; a wildcard ztunnel never asks
+    /// for what it lacks). Authorization stays complete.
+    #[arg(long, env = "AMBIENTD_SCOPE_TO_NODE", default_value_t = false)]
+    pub scope_to_node: bool,
+
     /// On SIGTERM: stop accepting, end every xDS stream (ztunnels get GOAWAY and reconnect to
     /// another replica), let certificate requests in flight finish, and exit within this long.
     /// Keep it under the pod's terminationGracePeriodSeconds (30s by default).
@@ -234,6 +241,8 @@ pub struct Config {
     pub stream_idle_timeout: Option<Duration>,
     /// The longest a shutdown waits for servers to drain.
     pub shutdown_grace: Duration,
+    /// Node-scoped pushes (see `--scope-to-node`).
+    pub scope_to_node: bool,
 }
 
 impl Config {
@@ -251,6 +260,7 @@ impl Config {
             max_stream_age: None,
             stream_idle_timeout: None,
             shutdown_grace: Duration::from_secs(10),
+            scope_to_node: false,
         }
     }
 }
@@ -314,6 +324,7 @@ impl TryFrom<ServeArgs> for Config {
             max_stream_age: Some(args.max_connection_age).filter(|a| !a.is_zero()),
             stream_idle_timeout: Some(args.stream_idle_timeout).filter(|i| !i.is_zero()),
             shutdown_grace: args.shutdown_grace,
+            scope_to_node: args.scope_to_node,
         })
     }
 }

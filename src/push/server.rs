@@ -65,6 +65,7 @@ pub struct AdsServer {
     max_stream_age: Option<Duration>,
     idle_timeout: Option<Duration>,
     max_response_bytes: usize,
+    scope_to_node: bool,
     shutdown: CancellationToken,
 }
 
@@ -78,8 +79,18 @@ impl AdsServer {
             max_stream_age: None,
             idle_timeout: None,
             max_response_bytes: MAX_RESPONSE_BYTES,
+            scope_to_node: false,
             shutdown: CancellationToken::new(),
         }
+    }
+
+    /// Node-scoped mode: a proxy that names its node (metadata `NODE_NAME`) gets its node's
+    /// workloads, the services they are part of, the waypoints those use and the waypoints' own
+    /// workloads, plus whatever it asks for on demand; Authorization stays complete. Meant for
+    /// ztunnel with `XDS_ON_DEMAND=true`: a wildcard ztunnel never asks for what it lacks.
+    pub fn with_scope_to_node(mut self, scope: bool) -> Self {
+        self.scope_to_node = scope;
+        self
     }
 
     /// Ends every stream (with OK, as at the maximum age) when `shutdown` fires, so that the
@@ -157,6 +168,7 @@ impl AggregatedDiscoveryService for AdsServer {
             expires: self.max_stream_age.map(|age| jittered(age, id)),
             idle_timeout: self.idle_timeout,
             max_response_bytes: self.max_response_bytes,
+            scope_to_node: self.scope_to_node,
             shutdown: self.shutdown.clone(),
         };
         let span = info_span!("xds", id, peer);
@@ -246,6 +258,7 @@ struct Connection {
     /// How long a response may wait for the proxy to read before the stream is dropped.
     idle_timeout: Option<Duration>,
     max_response_bytes: usize,
+    scope_to_node: bool,
     shutdown: CancellationToken,
 }
 
@@ -408,9 +421,15 @@ impl Connection {
             }
             RequestKind::Initial(kind) => {
                 let mut state = TypeState::new(kind, &request);
+                if self.scope_to_node
+                    && let Some(proxy) = &self.proxy
+                {
+                    state.scope_to_node(&proxy.node_name);
+                }
                 debug!(
                     %kind,
                     wildcard = state.subscription.wildcard,
+                    node_scope = state.node(),
                     names = state.subscription.names.len(),
                     known = request.initial_resource_versions.len(),
                     "initial request"

@@ -130,6 +130,8 @@ pub struct TypeState {
     /// changed (bounded by the type's names); `None` once the client fell further behind than
     /// the snapshots' history reaches, when a full comparison is due.
     changed: Option<BTreeSet<String>>,
+    /// Node-scoped mode: the proxy's node, whose [`Snapshot::node_scope`] it always gets.
+    node: Option<String>,
 }
 
 impl TypeState {
@@ -167,6 +169,7 @@ impl TypeState {
             last_nonce: String::new(),
             seen: 0,
             changed: Some(BTreeSet::new()),
+            node: None,
         }
     }
 
@@ -179,6 +182,21 @@ impl TypeState {
             let keys: Vec<String> = self.subscription.names.iter().cloned().collect();
             self.explicit(snapshot, &keys)
         }
+    }
+
+    /// Node-scoped mode (Address only): the client gets its node's [`Snapshot::node_scope`]
+    /// plus what it names explicitly. A wildcard subscription becomes exactly that: followed
+    /// by name, like an on-demand one.
+    pub fn scope_to_node(&mut self, node: &str) {
+        if self.kind == TypeKind::Address && !node.is_empty() {
+            self.node = Some(node.to_string());
+            self.subscription.wildcard = false;
+        }
+    }
+
+    /// The node this type is scoped to, if any.
+    pub fn node(&self) -> Option<&str> {
+        self.node.as_deref()
     }
 
     /// How many resource names of this type changed between what the client was last brought
@@ -209,6 +227,11 @@ impl TypeState {
     /// What a new snapshot means for this client.
     pub fn on_snapshot(&mut self, snapshot: &Arc<Snapshot>) -> Delta {
         if !self.subscription.wildcard {
+            self.note(snapshot);
+            if self.changed.as_ref().is_some_and(BTreeSet::is_empty) {
+                // No resource of this type changed: no lookup can resolve differently.
+                return Delta::default();
+            }
             return self.explicit(snapshot, &[]);
         }
         let Some(synced) = self.synced.clone() else {
@@ -250,6 +273,10 @@ impl TypeState {
     ) -> Option<Delta> {
         let was_wildcard = self.subscription.wildcard;
         let added = self.subscription.update(subscribe, unsubscribe);
+        if self.node.is_some() {
+            // Node-scoped: `*` does not widen the scope; named keys add to it.
+            self.subscription.wildcard = false;
+        }
         for name in unsubscribe {
             self.held.remove(name);
         }
@@ -321,6 +348,9 @@ impl TypeState {
         let mut wanted: BTreeSet<String> = BTreeSet::new();
         for key in &self.subscription.names {
             wanted.extend(lookup(snapshot, self.kind, key));
+        }
+        if let Some(node) = &self.node {
+            wanted.extend(snapshot.node_scope(node));
         }
         wanted.extend(
             self.held
