@@ -365,10 +365,31 @@ mod tests {
             (&["--cluster-id", ""][..], "--cluster-id"),
             (&["--log-level", "a=b=c"][..], "--log-level"),
             (&["--debounce-after", "5 minutes"][..], "--debounce-after"),
+            (&["--shutdown-grace", "soon"][..], "--shutdown-grace"),
         ] {
             let error = parse(args).unwrap_err();
             assert!(error.contains(flag), "{error}");
         }
+    }
+
+    #[test]
+    fn push_flags() {
+        let config = Config::try_from(parse(&["--manifests", "x"]).unwrap()).unwrap();
+        assert!(!config.scope_to_node);
+        assert_eq!(config.shutdown_grace, Duration::from_secs(10));
+        let config = Config::try_from(
+            parse(&[
+                "--manifests",
+                "x",
+                "--scope-to-node",
+                "--shutdown-grace",
+                "25s",
+            ])
+            .unwrap(),
+        )
+        .unwrap();
+        assert!(config.scope_to_node);
+        assert_eq!(config.shutdown_grace, Duration::from_secs(25));
     }
 
     #[test]

@@ -45,8 +45,6 @@ use tracing::{info, warn};
 
 use crate::discovery::Settings;
 use crate::metrics::Metrics;
-use crate::pb::xds::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
-use crate::push::AdsServer;
 
 pub use args::CaArgs;
 pub use authn::{
@@ -137,7 +135,7 @@ pub struct CaServer {
     pub state: Arc<CaState>,
     listener: TcpListener,
     tls: Arc<ArcSwap<ServerConfig>>,
-    ads: AggregatedDiscoveryServiceServer<AdsServer>,
+    ads: crate::push::route::AdsService,
     jwt: Arc<JwtAuthenticator>,
     config: CaConfig,
     sans: Vec<SanType>,
@@ -149,7 +147,7 @@ pub struct CaServer {
 pub async fn start(
     config: &CaConfig,
     settings: &Settings,
-    ads: AggregatedDiscoveryServiceServer<AdsServer>,
+    ads: crate::push::route::AdsService,
     pods: Arc<dyn PodIndex>,
     shutdown: CancellationToken,
 ) -> Result<CaServer, CaError> {
@@ -161,7 +159,7 @@ pub async fn start(
 pub async fn start_with(
     config: &CaConfig,
     settings: &Settings,
-    ads: AggregatedDiscoveryServiceServer<AdsServer>,
+    ads: crate::push::route::AdsService,
     pods: Arc<dyn PodIndex>,
     extra_authenticators: Vec<Arc<dyn Authenticator>>,
     shutdown: CancellationToken,

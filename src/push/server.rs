@@ -20,9 +20,7 @@ use crate::discovery::Snapshot;
 use crate::discovery::names::TypeKind;
 use crate::metrics::{Metrics, TypeLabel, VersionLabel};
 use crate::pb::google::protobuf::value::Kind as ValueKind;
-use crate::pb::xds::aggregated_discovery_service_server::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
-};
+use crate::pb::xds::aggregated_discovery_service_server::AggregatedDiscoveryService;
 use crate::pb::xds::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Node,
 };
@@ -120,9 +118,10 @@ impl AdsServer {
         self
     }
 
-    /// The tonic service, without compression (ztunnel supports none).
-    pub fn into_service(self) -> AggregatedDiscoveryServiceServer<Self> {
-        AggregatedDiscoveryServiceServer::new(self).max_decoding_message_size(64 * 1024 * 1024)
+    /// The tonic service, without compression (ztunnel supports none), framing responses
+    /// itself ([`crate::push::route`]).
+    pub fn into_service(self) -> crate::push::route::AdsService {
+        crate::push::route::AdsService::new(self)
     }
 }
 
