@@ -116,7 +116,9 @@ pub struct ServeArgs {
     pub revision: String,
 
     /// Quiet period before a batch of changes is pushed (istiod's PILOT_DEBOUNCE_AFTER is
-    /// 100ms); `0` pushes as soon as queued events are applied.
+    /// 100ms); `0` pushes as soon as queued events are applied. The default is 0: measured
+    /// (BENCHMARKS.md, T4/T8), a quiet period only adds latency, since events queued while the
+    /// index works are published together and slow streams coalesce anyway.
     #[arg(long, env = "AMBIENTD_DEBOUNCE_AFTER", default_value = "0", value_parser = short_duration)]
     pub debounce_after: Duration,
 
