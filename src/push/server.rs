@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -146,11 +146,30 @@ impl AggregatedDiscoveryService for AdsServer {
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        let peer = request.remote_addr();
+        let inbound = request
+            .into_inner()
+            .map(|item| item.map_err(Inbound::Transport));
+        Ok(Response::new(self.open(peer, inbound)))
+    }
+}
+
+/// A request as a connection reads it: decoded, or why not.
+pub enum Inbound {
+    /// The stream broke (the proxy went away): nothing to answer.
+    Transport(Status),
+    /// The proxy sent something that is not a request: answered with this status.
+    Invalid(Status),
+}
+
+impl AdsServer {
+    /// Starts the connection task for one stream of requests; returns its responses.
+    pub fn open<S>(&self, peer: Option<std::net::SocketAddr>, inbound: S) -> Responses
+    where
+        S: Stream<Item = Result<DeltaDiscoveryRequest, Inbound>> + Send + Unpin + 'static,
+    {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let peer = request
-            .remote_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_default();
+        let peer = peer.map(|a| a.to_string()).unwrap_or_default();
         let (outbound, responses) = crate::push::outbound::queue();
         let connection = Connection {
             id,
@@ -171,8 +190,8 @@ impl AggregatedDiscoveryService for AdsServer {
             shutdown: self.shutdown.clone(),
         };
         let span = info_span!("xds", id, peer);
-        tokio::spawn(connection.run(request.into_inner()).instrument(span));
-        Ok(Response::new(responses))
+        tokio::spawn(connection.run(inbound).instrument(span));
+        responses
     }
 }
 
@@ -262,7 +281,10 @@ struct Connection {
 }
 
 impl Connection {
-    async fn run(mut self, mut inbound: Streaming<DeltaDiscoveryRequest>) {
+    async fn run<S>(mut self, mut inbound: S)
+    where
+        S: Stream<Item = Result<DeltaDiscoveryRequest, Inbound>> + Unpin,
+    {
         let Some(snapshot) = self.wait_ready().await else {
             return;
         };
@@ -291,17 +313,18 @@ impl Connection {
                     if idle_deadline.is_some() => {
                     break End::Idle(self.idle_timeout.unwrap_or_default());
                 }
-                message = inbound.message() => match message {
-                    Ok(Some(request)) => {
+                message = inbound.next() => match message {
+                    Some(Ok(request)) => {
                         if let Err(end) = self.on_request(request).await {
                             break end;
                         }
                     }
-                    Ok(None) => break End::Closed,
-                    Err(status) => {
+                    None => break End::Closed,
+                    Some(Err(Inbound::Transport(status))) => {
                         debug!(%status, "stream error");
                         break End::Closed;
                     }
+                    Some(Err(Inbound::Invalid(status))) => break End::Error(status),
                 },
                 changed = self.snapshots.changed() => {
                     if changed.is_err() {
