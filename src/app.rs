@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::config::{Config, Source};
 use crate::debug::DebugState;
@@ -36,14 +36,29 @@ pub struct Running {
     /// Whether this replica writes to the cluster now (never without cluster writes).
     pub leadership: Leadership,
     shutdown: CancellationToken,
+    /// How long [`Running::stop`] waits for servers to drain.
+    grace: std::time::Duration,
     tasks: JoinSet<anyhow::Result<()>>,
 }
 
 impl Running {
-    /// Stops every task and waits for them.
+    /// Stops accepting, ends every xDS stream (proxies get GOAWAY and reconnect elsewhere), lets
+    /// requests in flight (certificate signing) finish, and waits for every task, for at most
+    /// the grace period; what is still running then is aborted.
     pub async fn stop(mut self) {
         self.shutdown.cancel();
-        while self.tasks.join_next().await.is_some() {}
+        let drained = tokio::time::timeout(self.grace, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            warn!(
+                grace = ?self.grace,
+                tasks = self.tasks.len(),
+                "shutdown grace period over; aborting what is left"
+            );
+            self.tasks.shutdown().await;
+        }
     }
 
     /// Waits until a task fails (or all end), then stops the rest.
@@ -122,6 +137,8 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             let ads = AdsServer::new(snapshots.clone(), registry.clone(), metrics.clone())
                 .with_max_stream_age(config.max_stream_age)
                 .with_idle_timeout(config.stream_idle_timeout)
+                .with_shutdown(shutdown.clone())
+                .with_scope_to_node(config.scope_to_node)
                 .into_service();
             let mut ca = crate::ca::CaConfig {
                 metrics: metrics.clone(),
@@ -229,10 +246,12 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let ads = AdsServer::new(snapshots.clone(), registry.clone(), metrics.clone())
         .with_max_stream_age(config.max_stream_age)
         .with_idle_timeout(config.stream_idle_timeout)
+        .with_shutdown(shutdown.clone())
+        .with_scope_to_node(config.scope_to_node)
         .into_service();
     let stop = shutdown.clone();
     tasks.spawn(async move {
-        tonic::transport::Server::builder()
+        crate::push::server::grpc_server()
             .add_service(ads)
             .serve_with_incoming_shutdown(
                 TcpListenerStream::new(xds_listener),
@@ -271,6 +290,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         registry,
         leadership,
         shutdown,
+        grace: config.shutdown_grace,
         tasks,
     })
 }

@@ -116,7 +116,9 @@ pub struct ServeArgs {
     pub revision: String,
 
     /// Quiet period before a batch of changes is pushed (istiod's PILOT_DEBOUNCE_AFTER is
-    /// 100ms); `0` pushes as soon as queued events are applied.
+    /// 100ms); `0` pushes as soon as queued events are applied. The default is 0: measured
+    /// (BENCHMARKS.md, T4/T8), a quiet period only adds latency, since events queued while the
+    /// index works are published together and slow streams coalesce anyway.
     #[arg(long, env = "AMBIENTD_DEBOUNCE_AFTER", default_value = "0", value_parser = short_duration)]
     pub debounce_after: Duration,
 
@@ -134,6 +136,19 @@ pub struct ServeArgs {
     /// client's buffers stay bounded. `0` never drops.
     #[arg(long, env = "AMBIENTD_STREAM_IDLE_TIMEOUT", default_value = "5m", value_parser = short_duration)]
     pub stream_idle_timeout: Duration,
+
+    /// Node-scoped pushes: a ztunnel (metadata NODE_NAME) gets its own node's workloads, the
+    /// services they are part of, the waypoints those use and the waypoints' workloads, and
+    /// everything else on demand (ztunnel's XDS_ON_DEMAND=true; a wildcard ztunnel never asks
+    /// for what it lacks). Authorization stays complete.
+    #[arg(long, env = "AMBIENTD_SCOPE_TO_NODE", default_value_t = false)]
+    pub scope_to_node: bool,
+
+    /// On SIGTERM: stop accepting, end every xDS stream (ztunnels get GOAWAY and reconnect to
+    /// another replica), let certificate requests in flight finish, and exit within this long.
+    /// Keep it under the pod's terminationGracePeriodSeconds (30s by default).
+    #[arg(long, env = "AMBIENTD_SHUTDOWN_GRACE", default_value = "10s", value_parser = short_duration)]
+    pub shutdown_grace: Duration,
 
     /// Log filter: a level (info, debug, ...) or a tracing directive list (ambientd=debug,info).
     #[arg(long, env = "AMBIENTD_LOG_LEVEL", default_value = "info", value_parser = log_filter)]
@@ -300,6 +315,10 @@ pub struct Config {
     /// Writes to the cluster (leader election, CA Secrets, root ConfigMaps); cluster mode
     /// only. `None` writes nothing.
     pub writes: Option<crate::kube::writes::ClusterWrites>,
+    /// The longest a shutdown waits for servers to drain.
+    pub shutdown_grace: Duration,
+    /// Node-scoped pushes (see `--scope-to-node`).
+    pub scope_to_node: bool,
 }
 
 impl Config {
@@ -317,6 +336,8 @@ impl Config {
             max_stream_age: None,
             stream_idle_timeout: None,
             writes: None,
+            shutdown_grace: Duration::from_secs(10),
+            scope_to_node: false,
         }
     }
 }
@@ -409,6 +430,8 @@ impl TryFrom<ServeArgs> for Config {
             },
             max_stream_age: Some(args.max_connection_age).filter(|a| !a.is_zero()),
             stream_idle_timeout: Some(args.stream_idle_timeout).filter(|i| !i.is_zero()),
+            shutdown_grace: args.shutdown_grace,
+            scope_to_node: args.scope_to_node,
         })
     }
 }
@@ -449,10 +472,31 @@ mod tests {
             (&["--cluster-id", ""][..], "--cluster-id"),
             (&["--log-level", "a=b=c"][..], "--log-level"),
             (&["--debounce-after", "5 minutes"][..], "--debounce-after"),
+            (&["--shutdown-grace", "soon"][..], "--shutdown-grace"),
         ] {
             let error = parse(args).unwrap_err();
             assert!(error.contains(flag), "{error}");
         }
+    }
+
+    #[test]
+    fn push_flags() {
+        let config = Config::try_from(parse(&["--manifests", "x"]).unwrap()).unwrap();
+        assert!(!config.scope_to_node);
+        assert_eq!(config.shutdown_grace, Duration::from_secs(10));
+        let config = Config::try_from(
+            parse(&[
+                "--manifests",
+                "x",
+                "--scope-to-node",
+                "--shutdown-grace",
+                "25s",
+            ])
+            .unwrap(),
+        )
+        .unwrap();
+        assert!(config.scope_to_node);
+        assert_eq!(config.shutdown_grace, Duration::from_secs(25));
     }
 
     #[test]

@@ -137,6 +137,11 @@ async fn connections_adsz_and_ambientz_have_their_shapes() {
             .unwrap()
             .starts_with("ztunnel-x7k2p.istio-system-")
     );
+    // A synced proxy that ACKed everything: nothing held back.
+    assert_eq!(
+        connections["clients"][0]["pending"],
+        serde_json::json!({"queuedResponses": 0, "queuedBytes": 0, "changedNames": 0})
+    );
 
     let (_, adsz) = json(addr, "/debug/adsz").await;
     let client0 = &adsz["clients"][0];

@@ -12,7 +12,7 @@ use ambientd::discovery::snapshot::HISTORY;
 use ambientd::discovery::{Index, Object, Snapshot, TypeKind};
 use ambientd::pb::xds::{DeltaDiscoveryRequest, Status};
 use ambientd::push::subscription::{
-    Delta, RequestKind, Subscription, TypeState, WILDCARD, classify,
+    Delta, RequestKind, Subscription, TypeState, WILDCARD, classify, split,
 };
 use index_support::*;
 
@@ -520,4 +520,57 @@ fn explicit_first_request_and_recreated_resources() {
     assert_delta(&state.on_snapshot(&index.snapshot()), NONE, &[uid(NS, "c")]);
     index.apply(Object::Pod(pod(NS, "c", "10.0.0.3")));
     assert_delta(&state.on_snapshot(&index.snapshot()), &[uid(NS, "c")], NONE);
+}
+
+#[test]
+fn a_slow_client_notes_each_changed_name_once_and_sends_its_latest_version() {
+    let mut index = cluster();
+    let mut state = TypeState::new(TypeKind::Address, &request(&[], &[]));
+    state.initial(&index.snapshot());
+    // More snapshots than the history keeps, all changing pod c: noted one at a time (as a
+    // connection does while its proxy is slow), they stay one name.
+    let mut last = index.snapshot();
+    for round in 0..HISTORY + 10 {
+        index.apply(Object::Pod(pod_with(
+            NS,
+            "c",
+            "10.0.0.3",
+            &[("app", "other"), ("version", &format!("v{round}"))],
+        )));
+        last = index.snapshot();
+        state.note(&last);
+        assert_eq!(state.changed_names(&last), 1, "round {round}");
+    }
+    let delta = state.on_snapshot(&last);
+    assert_delta(&delta, &[uid(NS, "c")], NONE);
+    assert_eq!(
+        delta.resources[0].version,
+        last.addresses[&uid(NS, "c")].version
+    );
+    assert_eq!(state.changed_names(&last), 0);
+}
+
+#[test]
+fn split_keeps_every_resource_once_under_the_limit() {
+    let mut index = cluster();
+    let snapshot = index.snapshot();
+    let mut state = TypeState::new(TypeKind::Address, &request(&[], &[]));
+    let mut delta = state.initial(&snapshot);
+    delta.removed = strings(&["gone"]);
+    let whole = summary(&delta);
+    // Under the limit: one part, unchanged.
+    assert_eq!(split(delta.clone(), usize::MAX), vec![delta.clone()]);
+    // A limit of one byte: one resource per part, removals with the first.
+    let parts = split(delta.clone(), 1);
+    assert_eq!(parts.len(), delta.resources.len());
+    assert_eq!(parts[0].removed, strings(&["gone"]));
+    assert!(parts[1..].iter().all(|p| p.removed.is_empty()));
+    let mut sent: Vec<String> = parts
+        .iter()
+        .flat_map(|p| p.resources.iter().map(|r| r.name.clone()))
+        .collect();
+    sent.sort();
+    assert_eq!(sent, whole.0);
+    // Nothing to send is still one (empty) part: an initial request is always answered.
+    assert_eq!(split(Delta::default(), 1), vec![Delta::default()]);
 }

@@ -550,3 +550,211 @@ async fn a_client_that_stops_reading_is_dropped_and_delays_no_one() {
     drop(stuck);
     running.stop().await;
 }
+
+/// The pod's `version` label (the Workload's canonical revision) in a response, if it is there.
+fn revision_of(response: &ambientd::pb::xds::DeltaDiscoveryResponse, uid: &str) -> Option<String> {
+    addresses(response)
+        .get(uid)
+        .map(|a| workload(a).canonical_revision.clone())
+}
+
+/// Enough pods that an initial response overflows a 64 KiB HTTP/2 window, so that a client that
+/// stops reading stalls the server's writes at once.
+fn bulk_mesh() -> Manifests {
+    let many: Vec<String> = (0..600)
+        .map(|i| {
+            pod(
+                &format!("bulk-{i}"),
+                &format!("10.245.{}.{}", i / 200, i % 200 + 1),
+                "bulk",
+                "v1",
+            )
+        })
+        .collect();
+    let mesh = mesh();
+    mesh.write("pods/bulk.yaml", &pods(&many));
+    mesh
+}
+
+/// The stuck connection's status in the registry.
+fn pending_of(running: &ambientd::app::Running, id: u64) -> ambientd::push::registry::Pending {
+    running
+        .registry
+        .list()
+        .into_iter()
+        .find(|c| c.id == id)
+        .expect("the stuck connection is registered")
+        .pending
+}
+
+/// Writes `version` of a pod and waits until the healthy client has received it.
+async fn change_and_follow(
+    mesh: &Manifests,
+    healthy: &mut XdsClient,
+    (file, name, ip, app, uid): (&str, &str, &str, &str, &str),
+    version: &str,
+) {
+    mesh.write(file, &pod(name, ip, app, version));
+    loop {
+        let update = tokio::time::timeout(Duration::from_secs(3), healthy.recv())
+            .await
+            .unwrap_or_else(|_| panic!("the healthy client was delayed at {name} {version}"));
+        healthy.ack(&update).await;
+        if revision_of(&update, uid).as_deref() == Some(version) {
+            return;
+        }
+    }
+}
+
+/// A proxy that stops reading while one pod changes 100 times: the other proxy gets every
+/// change promptly; the stuck one holds at most one queued response and one changed name
+/// (never a backlog), and once it reads again it receives that pod once, at its last version.
+#[tokio::test]
+async fn a_stuck_client_coalesces_per_name_in_bounded_memory_and_delays_no_one() {
+    const WEB_FILE: (&str, &str, &str, &str, &str) =
+        ("pods/web1.yaml", "web-1", "10.244.1.10", "web", WEB_1);
+    const DB_FILE: (&str, &str, &str, &str, &str) =
+        ("pods/db.yaml", "db-1", "10.244.1.20", "db", DB_1);
+    let mesh = bulk_mesh();
+    // web-1 in a file of its own, so that it can change alone.
+    mesh.write("pods/web.yaml", &pod("web-2", "10.244.1.11", "web", "v1"));
+    mesh.write("pods/web1.yaml", &pod("web-1", "10.244.1.10", "web", "v1"));
+    let running = start(mesh.root()).await;
+    let mut stuck = XdsClient::connect_with_window(&running, Some(65_535)).await;
+    stuck.subscribe_wildcard(BTreeMap::new()).await; // and does not read for now
+    let mut healthy = XdsClient::connect(&running).await;
+    healthy.subscribe_wildcard(BTreeMap::new()).await;
+    healthy.initial_sync().await;
+    let stuck_id = running
+        .registry
+        .list()
+        .iter()
+        .map(|c| c.id)
+        .min()
+        .expect("two connections");
+
+    // The initial Address response fills the client's window; HTTP/2 and hyper hold it and the
+    // Authorization response. One more change fills the stream's one-slot queue.
+    change_and_follow(&mesh, &mut healthy, WEB_FILE, "fill").await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while pending_of(&running, stuck_id).queued_responses == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stuck stream never queued a response"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    for round in 0..100 {
+        change_and_follow(&mesh, &mut healthy, DB_FILE, &format!("r{round}")).await;
+        let pending = pending_of(&running, stuck_id);
+        assert_eq!(pending.queued_responses, 1, "round {round}: {pending:?}");
+        // The queued response is the one web-1 change, not a backlog of db-1 versions.
+        assert!(pending.queued_bytes < 2048, "round {round}: {pending:?}");
+        // One name changed, however often: the pending state does not grow with the updates.
+        assert!(pending.changed_names <= 1, "round {round}: {pending:?}");
+    }
+    // The last change reached the stuck connection too (it was noted, not sent).
+    let deadline = std::time::Instant::now() + WAIT;
+    while pending_of(&running, stuck_id).changed_names != 1 {
+        assert!(std::time::Instant::now() < deadline, "db-1 never noted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Reading again: the initial responses, web-1's change, then db-1 once, at its last version.
+    let (initial, _) = stuck.initial_sync().await;
+    assert_eq!(revision_of(&initial, DB_1).as_deref(), Some("v1"));
+    let fill = stuck.recv().await;
+    assert_eq!(names(&fill), vec![WEB_1]);
+    stuck.ack(&fill).await;
+    let update = stuck.recv().await;
+    assert_eq!(names(&update), vec![DB_1]);
+    assert_eq!(revision_of(&update, DB_1).as_deref(), Some("r99"));
+    stuck.ack(&update).await;
+    stuck.expect_silence(Duration::from_millis(700)).await;
+    running.stop().await;
+}
+
+/// ztunnel pings every 30 s; a client pinging far more often (every 50 ms) is answered and
+/// never sent away (no GOAWAY with ENHANCE_YOUR_CALM), and its stream keeps working.
+#[tokio::test]
+async fn frequent_keepalive_pings_are_answered_and_the_stream_lives() {
+    let mesh = mesh();
+    let running = start(mesh.root()).await;
+    let mut client = XdsClient::connect_to(running.xds_address, |e| {
+        e.http2_keep_alive_interval(Duration::from_millis(50))
+            .keep_alive_timeout(Duration::from_millis(500))
+            .keep_alive_while_idle(true)
+    })
+    .await;
+    client.subscribe_wildcard(BTreeMap::new()).await;
+    client.initial_sync().await;
+    // About 40 pings, then a change must still arrive on the same stream.
+    client.expect_silence(Duration::from_secs(2)).await;
+    mesh.write("pods/db.yaml", &pod("db-1", "10.244.1.20", "db", "v7"));
+    let update = client.recv().await;
+    assert_eq!(names(&update), vec![DB_1]);
+    running.stop().await;
+}
+
+/// A response over the size limit is split: every resource arrives exactly once across the
+/// parts, the parts carry distinct nonces, and the next type follows.
+#[tokio::test]
+async fn a_large_response_is_split_under_the_limit() {
+    let mesh = bulk_mesh();
+    let running = start(mesh.root()).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let ads = ambientd::push::AdsServer::new(
+        running.snapshots.clone(),
+        running.registry.clone(),
+        running.metrics.clone(),
+    )
+    .with_max_response_bytes(64 * 1024)
+    .with_shutdown(stop.clone())
+    .into_service();
+    let server = tokio::spawn(
+        ambientd::push::server::grpc_server()
+            .add_service(ads)
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                stop.clone().cancelled_owned(),
+            ),
+    );
+    let expected: usize = running
+        .snapshots
+        .borrow()
+        .as_ref()
+        .map(|s| s.addresses.len())
+        .unwrap();
+    let mut client = XdsClient::connect_to(address, |e| e).await;
+    client.subscribe_wildcard(BTreeMap::new()).await;
+    let mut seen = std::collections::BTreeSet::new();
+    let mut nonces = std::collections::BTreeSet::new();
+    let mut parts = 0;
+    let authorizations = loop {
+        let response = client.recv().await;
+        client.ack(&response).await;
+        if response.type_url == AUTHORIZATION_TYPE {
+            break response;
+        }
+        parts += 1;
+        assert!(nonces.insert(response.nonce.clone()), "nonce reused");
+        let size = prost::Message::encoded_len(&response);
+        assert!(size < 80 * 1024, "part of {size} B");
+        for name in names(&response) {
+            assert!(seen.insert(name.clone()), "{name} sent twice");
+        }
+    };
+    assert!(parts >= 3, "{parts} parts");
+    assert_eq!(seen.len(), expected);
+    assert!(authorizations.resources.is_empty());
+    stop.cancel();
+    tokio::time::timeout(WAIT, server)
+        .await
+        .expect("server did not stop")
+        .unwrap()
+        .unwrap();
+    running.stop().await;
+}

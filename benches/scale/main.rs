@@ -14,7 +14,8 @@
 //! run in yet another process so that the server's RSS is the server's alone.
 //!
 //! Scenarios: T1 cold build, T2 memory per pod, T3 one pod change, T4 event to the last of S
-//! streams, T5 bytes per pod change per stream, T6 reconnect storm, T7 idle stream memory.
+//! streams, T5 bytes per pod change per stream, T6 reconnect storm, T7 idle stream memory,
+//! T8 sustained churn (1,000 pod events/s to 1,000 streams through the real index task).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -46,15 +47,17 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Any single expected network event.
 const WAIT: Duration = Duration::from_secs(30);
-const SCENARIOS: [&str; 7] = ["T1", "T2", "T3", "T4", "T5", "T6", "T7"];
+const SCENARIOS: [&str; 8] = ["T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8"];
 
 mod cluster;
 mod pure;
 mod served;
+mod sustained;
 
 use cluster::*;
 use pure::*;
 use served::*;
+use sustained::*;
 
 // ---------------------------------------------------------------------------------------------
 // Options and result rows
@@ -67,6 +70,8 @@ struct Opts {
     child: Option<String>,
     /// `--clients ADDR COUNT`: the T7 client process.
     clients: Option<(String, usize)>,
+    /// `--t8-clients ADDR COUNT PROBE`: the T8 client process.
+    t8_clients: Option<(String, usize, String)>,
 }
 
 fn opts() -> Opts {
@@ -85,6 +90,14 @@ fn opts() -> Opts {
             "--child" if i + 1 < args.len() => {
                 i += 1;
                 o.child = Some(args[i].clone());
+            }
+            "--t8-clients" if i + 3 < args.len() => {
+                o.t8_clients = Some((
+                    args[i + 1].clone(),
+                    args[i + 2].parse().unwrap_or(0),
+                    args[i + 3].clone(),
+                ));
+                i += 3;
             }
             "--clients" if i + 2 < args.len() => {
                 o.clients = Some((args[i + 1].clone(), args[i + 2].parse().unwrap_or(0)));
@@ -223,6 +236,7 @@ fn run_child(name: &str, o: &Opts) {
         "T5" => t5(o),
         "T6" => t6(o),
         "T7" => t7(o),
+        "T8" => t8(o),
         other => eprintln!("unknown scenario {other}"),
     }
 }
@@ -276,6 +290,10 @@ fn spawn_scenario(name: &str, o: &Opts, limit: Duration) -> Vec<Row> {
 
 fn main() {
     let o = opts();
+    if let Some((address, count, probe)) = &o.t8_clients {
+        t8_clients_process(address, *count, probe);
+        return;
+    }
     if let Some((address, count)) = &o.clients {
         clients_process(address, *count);
         return;

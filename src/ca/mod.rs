@@ -47,8 +47,6 @@ use tracing::{info, warn};
 
 use crate::discovery::Settings;
 use crate::metrics::Metrics;
-use crate::pb::xds::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
-use crate::push::AdsServer;
 
 pub use args::CaArgs;
 pub use authn::{
@@ -139,7 +137,7 @@ pub struct CaServer {
     pub state: Arc<CaState>,
     listener: TcpListener,
     tls: Arc<ArcSwap<ServerConfig>>,
-    ads: AggregatedDiscoveryServiceServer<AdsServer>,
+    ads: crate::push::route::AdsService,
     jwt: Arc<JwtAuthenticator>,
     config: CaConfig,
     sans: Vec<SanType>,
@@ -151,7 +149,7 @@ pub struct CaServer {
 pub async fn start(
     config: &CaConfig,
     settings: &Settings,
-    ads: AggregatedDiscoveryServiceServer<AdsServer>,
+    ads: crate::push::route::AdsService,
     pods: Arc<dyn PodIndex>,
     shutdown: CancellationToken,
 ) -> Result<CaServer, CaError> {
@@ -163,7 +161,7 @@ pub async fn start(
 pub async fn start_with(
     config: &CaConfig,
     settings: &Settings,
-    ads: AggregatedDiscoveryServiceServer<AdsServer>,
+    ads: crate::push::route::AdsService,
     pods: Arc<dyn PodIndex>,
     extra_authenticators: Vec<Arc<dyn Authenticator>>,
     shutdown: CancellationToken,
@@ -273,7 +271,7 @@ impl CaServer {
             ..
         } = self;
         let incoming = tls::incoming(listener, tls.clone(), shutdown.clone());
-        let server = tonic::transport::Server::builder()
+        let server = crate::push::server::grpc_server()
             .add_service(XdsGuard::new(ads, state.clone()))
             .add_service(CertificateService::new(state.clone()).into_service())
             .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned());

@@ -87,6 +87,13 @@ fn connection_summary(c: &ConnectionStatus) -> Value {
         "connectionId": c.connection_id,
         "connectedAt": rfc3339(Some(c.connected_at)),
         "address": c.peer,
+        // What the connection holds back for a slow proxy: at most one queued response, and
+        // each changed name once.
+        "pending": {
+            "queuedResponses": c.pending.queued_responses,
+            "queuedBytes": c.pending.queued_bytes,
+            "changedNames": c.pending.changed_names,
+        },
     })
 }
 

@@ -28,6 +28,11 @@ pub struct Resource {
     pub is_service: bool,
     /// For a workload: the service keys (`ns/hostname`) in its services map.
     pub services: Vec<String>,
+    /// For a workload: the node it runs on (empty if none).
+    pub node: String,
+    /// Lookup keys of the waypoint this workload or service uses: `ns/hostname` or
+    /// `network/ip` (see [`Snapshot::lookup_addresses`]).
+    pub waypoints: Vec<String>,
     /// The payload, ready to send.
     pub any: Any,
 }
@@ -54,6 +59,8 @@ impl Resource {
             aliases,
             is_service,
             services,
+            node: String::new(),
+            waypoints: Vec::new(),
             any,
         }
     }
@@ -160,6 +167,8 @@ pub struct Snapshot {
     pub aliases: PersistentMap<String, Names>,
     /// Service name (`ns/hostname`) -> uids of workloads whose services map holds it.
     pub members: PersistentMap<String, imbl::OrdSet<String>>,
+    /// Node name -> the workloads on it.
+    pub by_node: PersistentMap<String, imbl::OrdSet<String>>,
     /// `(generation, changes that produced it)`, oldest first, at most [`HISTORY`] entries.
     pub history: imbl::Vector<(u64, Arc<Changes>)>,
     /// The `ZtunnelAccepted` condition of each AuthorizationPolicy, by `ns/name`.
@@ -220,6 +229,34 @@ impl Snapshot {
                 .filter(move |(generation, _)| *generation > since)
                 .map(|(_, changes)| changes),
         )
+    }
+
+    /// What a node-scoped proxy on `node` gets without asking: the workloads on the node, the
+    /// services they are part of, the waypoints those workloads and services use, and the
+    /// waypoints' own workloads (needed to reach them).
+    pub fn node_scope(&self, node: &str) -> BTreeSet<String> {
+        let mut names = BTreeSet::new();
+        let Some(local) = self.by_node.get(node) else {
+            return names;
+        };
+        let mut waypoints = BTreeSet::new();
+        for uid in local {
+            let Some(workload) = self.addresses.get(uid) else {
+                continue;
+            };
+            names.insert(uid.clone());
+            waypoints.extend(workload.waypoints.iter().cloned());
+            for service in &workload.services {
+                if let Some(resource) = self.addresses.get(service) {
+                    names.insert(service.clone());
+                    waypoints.extend(resource.waypoints.iter().cloned());
+                }
+            }
+        }
+        for key in &waypoints {
+            names.extend(self.lookup_addresses(key));
+        }
+        names
     }
 
     /// istiod's `Lookup(key)` for Address resources: a workload uid; `network/ip` (the workloads

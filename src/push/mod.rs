@@ -5,7 +5,9 @@
 //! [`subscription`]; [`server`] only moves bytes between them and the stream.
 
 pub mod indexer;
+pub mod outbound;
 pub mod registry;
+pub mod route;
 pub mod server;
 pub mod subscription;
 

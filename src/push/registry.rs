@@ -35,6 +35,19 @@ pub struct TypeStatus {
     pub view: Option<ClientView>,
 }
 
+/// What a connection has not yet delivered to its proxy. A slow proxy holds at most one queued
+/// response and the names changed since its view, never a backlog of responses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pending {
+    /// Responses waiting for the gRPC encoder (at most [`crate::push::outbound::QUEUE`]).
+    pub queued_responses: usize,
+    /// Their encoded size.
+    pub queued_bytes: usize,
+    /// Resource names changed since what the proxy was last sent, not yet sent; each counted
+    /// once however often it changed.
+    pub changed_names: usize,
+}
+
 /// One connection as the debug views show it.
 #[derive(Clone, Debug)]
 pub struct ConnectionStatus {
@@ -45,6 +58,7 @@ pub struct ConnectionStatus {
     pub connected_at: SystemTime,
     pub proxy: Option<ProxyInfo>,
     pub types: BTreeMap<TypeKind, TypeStatus>,
+    pub pending: Pending,
 }
 
 /// Every connection on this replica.
@@ -67,6 +81,7 @@ impl Registry {
             connected_at: SystemTime::now(),
             proxy: None,
             types: BTreeMap::new(),
+            pending: Pending::default(),
         }));
         lock(&self.connections).insert(id, status.clone());
         Handle {

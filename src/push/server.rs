@@ -5,15 +5,14 @@
 //! subscriptions, and follows new snapshots. It sends one response per type per step; while the
 //! client is slow, newer snapshots supersede older ones instead of queueing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use futures::Stream;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use futures::{Stream, StreamExt};
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, info_span, warn};
 
@@ -21,18 +20,38 @@ use crate::discovery::Snapshot;
 use crate::discovery::names::TypeKind;
 use crate::metrics::{Metrics, TypeLabel, VersionLabel};
 use crate::pb::google::protobuf::value::Kind as ValueKind;
-use crate::pb::xds::aggregated_discovery_service_server::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
-};
+use crate::pb::xds::aggregated_discovery_service_server::AggregatedDiscoveryService;
 use crate::pb::xds::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Node,
 };
 use crate::push::indexer::Snapshots;
-use crate::push::registry::{ClientView, Handle, Registry, TypeStatus};
-use crate::push::subscription::{Delta, RequestKind, TypeState, classify};
+use crate::push::outbound::{Outbound, Responses, Slot};
+use crate::push::registry::{ClientView, Handle, Pending, Registry, TypeStatus};
+use crate::push::subscription::{Delta, RequestKind, TypeState, classify, split};
 
-/// Responses buffered per stream before the connection waits for the client to read.
-const OUTBOUND_BUFFER: usize = 4;
+/// ztunnel's maximum decoding message size (spec: 200 MiB). A response whose resources exceed
+/// half of it is split in several, so that framing and a growing state never reach the limit.
+/// ztunnel counts itself ready at the first ACK of each type, so a split initial response
+/// briefly makes it ready on part of the state; at ~400 B per workload this takes some 250,000
+/// workloads, so in practice it does not happen.
+pub const MAX_RESPONSE_BYTES: usize = 100 * 1024 * 1024;
+
+/// How often the server pings an idle connection, and how long it waits for the answer
+/// (istiod's keepalive: 30 s and 10 s). ztunnel pings every 30 s itself; the h2 server answers
+/// pings at any rate (it has no ping-abuse limit, so no ENHANCE_YOUR_CALM), which is tested.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The tonic server settings for a listener that serves xDS (15010, and 15012 with the CA):
+/// keepalive so that dead proxies are noticed. HTTP/2 windows stay at hyper's defaults: the
+/// server's receive windows only bound what proxies upload (requests; the largest is a
+/// reconnect's `initial_resource_versions`), and how fast responses go out is set by the
+/// proxy's windows (ztunnel: hyper's client defaults).
+pub fn grpc_server() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+}
 
 /// The ADS service: hands each stream to its own connection task.
 #[derive(Clone)]
@@ -43,6 +62,9 @@ pub struct AdsServer {
     metrics: Arc<Metrics>,
     max_stream_age: Option<Duration>,
     idle_timeout: Option<Duration>,
+    max_response_bytes: usize,
+    scope_to_node: bool,
+    shutdown: CancellationToken,
 }
 
 impl AdsServer {
@@ -54,7 +76,32 @@ impl AdsServer {
             metrics,
             max_stream_age: None,
             idle_timeout: None,
+            max_response_bytes: MAX_RESPONSE_BYTES,
+            scope_to_node: false,
+            shutdown: CancellationToken::new(),
         }
+    }
+
+    /// Node-scoped mode: a proxy that names its node (metadata `NODE_NAME`) gets its node's
+    /// workloads, the services they are part of, the waypoints those use and the waypoints' own
+    /// workloads, plus whatever it asks for on demand; Authorization stays complete. Meant for
+    /// ztunnel with `XDS_ON_DEMAND=true`: a wildcard ztunnel never asks for what it lacks.
+    pub fn with_scope_to_node(mut self, scope: bool) -> Self {
+        self.scope_to_node = scope;
+        self
+    }
+
+    /// Ends every stream (with OK, as at the maximum age) when `shutdown` fires, so that the
+    /// server's graceful shutdown is not held open by streams that never end on their own.
+    pub fn with_shutdown(mut self, shutdown: CancellationToken) -> Self {
+        self.shutdown = shutdown;
+        self
+    }
+
+    /// Splits responses whose resources exceed `bytes` (default [`MAX_RESPONSE_BYTES`]).
+    pub fn with_max_response_bytes(mut self, bytes: usize) -> Self {
+        self.max_response_bytes = bytes.max(1);
+        self
     }
 
     /// Drops a stream whose proxy has not read a waiting response for `idle`; `None` never.
@@ -71,9 +118,10 @@ impl AdsServer {
         self
     }
 
-    /// The tonic service, without compression (ztunnel supports none).
-    pub fn into_service(self) -> AggregatedDiscoveryServiceServer<Self> {
-        AggregatedDiscoveryServiceServer::new(self).max_decoding_message_size(64 * 1024 * 1024)
+    /// The tonic service, without compression (ztunnel supports none), framing responses
+    /// itself ([`crate::push::route`]).
+    pub fn into_service(self) -> crate::push::route::AdsService {
+        crate::push::route::AdsService::new(self)
     }
 }
 
@@ -82,7 +130,7 @@ type SotwStream = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> +
 #[tonic::async_trait]
 impl AggregatedDiscoveryService for AdsServer {
     type StreamAggregatedResourcesStream = SotwStream;
-    type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+    type DeltaAggregatedResourcesStream = Responses;
 
     async fn stream_aggregated_resources(
         &self,
@@ -98,16 +146,38 @@ impl AggregatedDiscoveryService for AdsServer {
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        let peer = request.remote_addr();
+        let inbound = request
+            .into_inner()
+            .map(|item| item.map_err(Inbound::Transport));
+        Ok(Response::new(self.open(peer, inbound)))
+    }
+}
+
+/// A request as a connection reads it: decoded, or why not.
+pub enum Inbound {
+    /// The stream broke (the proxy went away): nothing to answer.
+    Transport(Status),
+    /// The proxy sent something that is not a request: answered with this status.
+    Invalid(Status),
+}
+
+impl AdsServer {
+    /// Starts the connection task for one stream of requests; returns its responses.
+    pub fn open<S>(&self, peer: Option<std::net::SocketAddr>, inbound: S) -> Responses
+    where
+        S: Stream<Item = Result<DeltaDiscoveryRequest, Inbound>> + Send + Unpin + 'static,
+    {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let peer = request
-            .remote_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_default();
-        let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
+        let peer = peer.map(|a| a.to_string()).unwrap_or_default();
+        let (outbound, responses) = crate::push::outbound::queue();
         let connection = Connection {
             id,
             snapshots: self.snapshots.clone(),
-            outbound: tx,
+            latest: None,
+            dirty: BTreeSet::new(),
+            pushed: false,
+            outbound,
             types: BTreeMap::new(),
             proxy: None,
             sent: 0,
@@ -115,10 +185,13 @@ impl AggregatedDiscoveryService for AdsServer {
             metrics: self.metrics.clone(),
             expires: self.max_stream_age.map(|age| jittered(age, id)),
             idle_timeout: self.idle_timeout,
+            max_response_bytes: self.max_response_bytes,
+            scope_to_node: self.scope_to_node,
+            shutdown: self.shutdown.clone(),
         };
         let span = info_span!("xds", id, peer);
-        tokio::spawn(connection.run(request.into_inner()).instrument(span));
-        Ok(Response::new(ReceiverStream::new(rx)))
+        tokio::spawn(connection.run(inbound).instrument(span));
+        responses
     }
 }
 
@@ -171,6 +244,9 @@ enum End {
     Closed,
     /// The stream reached its maximum age: it ends with OK, and ztunnel reconnects at once.
     Expired,
+    /// ambientd is shutting down: the stream ends with OK and the connection gets GOAWAY, so
+    /// ztunnel reconnects, to another replica.
+    Shutdown,
     /// The proxy read nothing for this long while a response waited.
     Idle(Duration),
     /// A protocol error, reported to the client as a gRPC status.
@@ -181,7 +257,14 @@ enum End {
 struct Connection {
     id: u64,
     snapshots: Snapshots,
-    outbound: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
+    /// The newest snapshot seen (what on-demand requests are answered from).
+    latest: Option<Arc<Snapshot>>,
+    /// Types not yet brought up to date with `latest`: computed and sent only when the outbound
+    /// queue has room, so a slow proxy coalesces every change into one response per type.
+    dirty: BTreeSet<TypeKind>,
+    /// Whether anything was sent for `latest` (for the convergence metric).
+    pushed: bool,
+    outbound: Outbound,
     types: BTreeMap<TypeKind, TypeState>,
     proxy: Option<ProxyInfo>,
     sent: u64,
@@ -192,46 +275,82 @@ struct Connection {
     expires: Option<Duration>,
     /// How long a response may wait for the proxy to read before the stream is dropped.
     idle_timeout: Option<Duration>,
+    max_response_bytes: usize,
+    scope_to_node: bool,
+    shutdown: CancellationToken,
 }
 
 impl Connection {
-    async fn run(mut self, mut inbound: Streaming<DeltaDiscoveryRequest>) {
-        let Some(mut snapshot) = self.wait_ready().await else {
+    async fn run<S>(mut self, mut inbound: S)
+    where
+        S: Stream<Item = Result<DeltaDiscoveryRequest, Inbound>> + Unpin,
+    {
+        let Some(snapshot) = self.wait_ready().await else {
             return;
         };
+        self.latest = Some(snapshot);
         let version = VersionLabel {
             version: env!("CARGO_PKG_VERSION").to_string(),
         };
         self.metrics.xds_clients.get_or_create(&version).inc();
         let expiry = tokio::time::sleep(self.expires.unwrap_or(Duration::MAX));
         tokio::pin!(expiry);
+        // Since when changes have waited for room in the outbound queue.
+        let mut waiting_since: Option<tokio::time::Instant> = None;
         let end = loop {
+            if self.dirty.is_empty() {
+                waiting_since = None;
+            } else if waiting_since.is_none() {
+                waiting_since = Some(tokio::time::Instant::now());
+            }
+            let idle_deadline = self.idle_timeout.zip(waiting_since).map(|(i, w)| w + i);
+            let outbound = self.outbound.clone();
             tokio::select! {
+                biased;
+                _ = self.shutdown.cancelled() => break End::Shutdown,
                 _ = &mut expiry, if self.expires.is_some() => break End::Expired,
-                message = inbound.message() => match message {
-                    Ok(Some(request)) => {
-                        if let Err(end) = self.on_request(&snapshot, request).await {
+                _ = tokio::time::sleep_until(idle_deadline.unwrap_or_else(tokio::time::Instant::now)),
+                    if idle_deadline.is_some() => {
+                    break End::Idle(self.idle_timeout.unwrap_or_default());
+                }
+                message = inbound.next() => match message {
+                    Some(Ok(request)) => {
+                        if let Err(end) = self.on_request(request).await {
                             break end;
                         }
                     }
-                    Ok(None) => break End::Closed,
-                    Err(status) => {
+                    None => break End::Closed,
+                    Some(Err(Inbound::Transport(status))) => {
                         debug!(%status, "stream error");
                         break End::Closed;
                     }
+                    Some(Err(Inbound::Invalid(status))) => break End::Error(status),
                 },
                 changed = self.snapshots.changed() => {
                     if changed.is_err() {
-                        break End::Error(Status::unavailable("ambientd is shutting down"));
+                        // The index task ended: ambientd is shutting down.
+                        break End::Shutdown;
                     }
                     let latest = self.snapshots.borrow_and_update().clone();
                     if let Some(latest) = latest {
-                        snapshot = latest;
-                        if let Err(end) = self.on_snapshot(&snapshot).await {
+                        for state in self.types.values_mut() {
+                            state.note(&latest);
+                        }
+                        self.latest = Some(latest);
+                        self.pushed = false;
+                        self.dirty = self.types.keys().copied().collect();
+                        self.publish_pending();
+                    }
+                }
+                slot = outbound.reserve(), if !self.dirty.is_empty() => match slot {
+                    Ok(slot) => {
+                        waiting_since = None;
+                        if let Err(end) = self.push_dirty(slot).await {
                             break end;
                         }
                     }
-                }
+                    Err(_) => break End::Closed,
+                },
             }
         };
         self.metrics.xds_clients.get_or_create(&version).dec();
@@ -242,6 +361,7 @@ impl Connection {
                 proxy,
                 "stream reached its maximum age; the proxy reconnects"
             ),
+            End::Shutdown => info!(proxy, "shutting down: ending the stream"),
             End::Idle(idle) => {
                 warn!(
                     proxy,
@@ -251,22 +371,47 @@ impl Connection {
             }
             End::Error(status) => {
                 warn!(proxy, %status, "closing stream");
-                let _ = self.outbound.send(Err(status)).await;
+                if let Ok(Ok(slot)) =
+                    tokio::time::timeout(Duration::from_secs(1), self.outbound.reserve()).await
+                {
+                    slot.fail(status);
+                }
             }
         }
     }
 
     /// Holds the stream until the first snapshot exists. `None` if the server shuts down.
     async fn wait_ready(&mut self) -> Option<Arc<Snapshot>> {
-        let ready = self.snapshots.wait_for(Option::is_some).await.ok()?;
-        ready.clone()
+        let shutdown = self.shutdown.clone();
+        tokio::select! {
+            _ = shutdown.cancelled() => None,
+            ready = self.snapshots.wait_for(Option::is_some) => ready.ok()?.clone(),
+        }
     }
 
-    async fn on_request(
-        &mut self,
-        snapshot: &Arc<Snapshot>,
-        request: DeltaDiscoveryRequest,
-    ) -> Result<(), End> {
+    /// The newest snapshot (always set once `run` is past `wait_ready`).
+    fn snapshot(&self) -> Arc<Snapshot> {
+        self.latest.clone().expect("a snapshot before any request")
+    }
+
+    /// What this connection holds back for its proxy, for the debug views.
+    fn publish_pending(&self) {
+        let latest = self.latest.as_deref();
+        let changed_names = self
+            .dirty
+            .iter()
+            .filter_map(|kind| self.types.get(kind))
+            .map(|state| latest.map_or(0, |l| state.changed_names(l)))
+            .sum();
+        let pending = Pending {
+            queued_responses: self.outbound.queued(),
+            queued_bytes: self.outbound.queued_bytes(),
+            changed_names,
+        };
+        self.status.update(|s| s.pending = pending);
+    }
+    async fn on_request(&mut self, request: DeltaDiscoveryRequest) -> Result<(), End> {
+        let snapshot = &self.snapshot();
         if self.proxy.is_none()
             && let Some(node) = &request.node
         {
@@ -298,9 +443,15 @@ impl Connection {
             }
             RequestKind::Initial(kind) => {
                 let mut state = TypeState::new(kind, &request);
+                if self.scope_to_node
+                    && let Some(proxy) = &self.proxy
+                {
+                    state.scope_to_node(&proxy.node_name);
+                }
                 debug!(
                     %kind,
                     wildcard = state.subscription.wildcard,
+                    node_scope = state.node(),
                     names = state.subscription.names.len(),
                     known = request.initial_resource_versions.len(),
                     "initial request"
@@ -374,7 +525,7 @@ impl Connection {
                     .push_triggers
                     .get_or_create(&TypeLabel::named("request"))
                     .inc();
-                self.send_timed(kind, snapshot, delta, started).await
+                self.send_timed(kind, snapshot, delta, started, None).await
             }
             None => {
                 self.publish_status(kind);
@@ -383,23 +534,31 @@ impl Connection {
         }
     }
 
-    async fn on_snapshot(&mut self, snapshot: &Arc<Snapshot>) -> Result<(), End> {
-        let kinds: Vec<TypeKind> = self.types.keys().copied().collect();
-        let mut pushed = false;
-        for kind in kinds {
+    /// Brings dirty types up to date with the newest snapshot, Address first; `slot` is room
+    /// for one response. A type that needs nothing is cleaned without using it; after one
+    /// response the rest wait for the next slot, by which time newer snapshots may have come.
+    async fn push_dirty(&mut self, slot: Slot) -> Result<(), End> {
+        let snapshot = self.snapshot();
+        let mut slot = Some(slot);
+        while slot.is_some() {
+            let Some(kind) = self.dirty.pop_first() else {
+                break;
+            };
             let started = Instant::now();
             let Some(state) = self.types.get_mut(&kind) else {
                 continue;
             };
-            let delta = state.on_snapshot(snapshot);
+            let delta = state.on_snapshot(&snapshot);
             if delta.is_empty() {
                 self.publish_status(kind);
             } else {
-                pushed = true;
-                self.send_timed(kind, snapshot, delta, started).await?;
+                self.pushed = true;
+                self.send_timed(kind, &snapshot, delta, started, slot.take())
+                    .await?;
             }
         }
-        if pushed {
+        if self.dirty.is_empty() && self.pushed {
+            self.pushed = false;
             self.metrics
                 .push_triggers
                 .get_or_create(&TypeLabel::named("ambient"))
@@ -408,9 +567,9 @@ impl Connection {
                 self.metrics.record_convergence(published.elapsed());
             }
         }
+        self.publish_pending();
         Ok(())
     }
-
     /// Copies one type's sync state into the registry, for the debug views.
     fn publish_status(&self, kind: TypeKind) {
         let Some(state) = self.types.get(&kind) else {
@@ -451,65 +610,82 @@ impl Connection {
     }
 
     async fn send(&mut self, kind: TypeKind, snapshot: &Snapshot, delta: Delta) -> Result<(), End> {
-        self.send_timed(kind, snapshot, delta, Instant::now()).await
+        self.send_timed(kind, snapshot, delta, Instant::now(), None)
+            .await
     }
 
+    /// Room in the outbound queue, waiting at most the idle timeout for the proxy to read.
+    async fn reserve(&self) -> Result<Slot, End> {
+        let reserve = self.outbound.reserve();
+        let slot = match self.idle_timeout {
+            Some(idle) => match tokio::time::timeout(idle, reserve).await {
+                Ok(slot) => slot,
+                Err(_) => return Err(End::Idle(idle)),
+            },
+            None => reserve.await,
+        };
+        slot.map_err(|_| End::Closed)
+    }
+
+    /// Sends one type's delta (split if large), using `slot` for the first response if given.
     async fn send_timed(
         &mut self,
         kind: TypeKind,
         snapshot: &Snapshot,
         delta: Delta,
         started: Instant,
+        mut slot: Option<Slot>,
     ) -> Result<(), End> {
-        self.sent += 1;
-        let nonce = format!("{}-{}-{}", snapshot.generation, self.id, self.sent);
-        if let Some(state) = self.types.get_mut(&kind) {
-            state.last_nonce = nonce.clone();
-        }
-        debug!(
-            %kind,
-            nonce,
-            resources = delta.resources.len(),
-            removed = delta.removed.len(),
-            "push"
-        );
-        let response = DeltaDiscoveryResponse {
-            system_version_info: snapshot.generation.to_string(),
-            type_url: kind.type_url().to_string(),
-            nonce,
-            removed_resources: delta.removed,
-            resources: delta
+        let parts = split(delta, self.max_response_bytes);
+        let count = parts.len();
+        for (i, part) in parts.into_iter().enumerate() {
+            self.sent += 1;
+            let nonce = format!("{}-{}-{}", snapshot.generation, self.id, self.sent);
+            if let Some(state) = self.types.get_mut(&kind) {
+                state.last_nonce = nonce.clone();
+            }
+            debug!(
+                %kind,
+                nonce,
+                resources = part.resources.len(),
+                removed = part.removed.len(),
+                part = i + 1,
+                of = count,
+                "push"
+            );
+            let response = DeltaDiscoveryResponse {
+                system_version_info: snapshot.generation.to_string(),
+                type_url: kind.type_url().to_string(),
+                nonce,
+                removed_resources: part.removed,
+                resources: part
+                    .resources
+                    .iter()
+                    .map(|r| crate::pb::xds::Resource {
+                        name: r.name.clone(),
+                        version: r.version.clone(),
+                        aliases: r.aliases.clone(),
+                        resource: Some(r.any.clone()),
+                        ttl: None,
+                        cache_control: None,
+                    })
+                    .collect(),
+            };
+            let bytes: usize = response
                 .resources
                 .iter()
-                .map(|r| crate::pb::xds::Resource {
-                    name: r.name.clone(),
-                    version: r.version.clone(),
-                    aliases: r.aliases.clone(),
-                    resource: Some(r.any.clone()),
-                    ttl: None,
-                    cache_control: None,
-                })
-                .collect(),
-        };
-        let bytes: usize = response
-            .resources
-            .iter()
-            .map(|r| r.resource.as_ref().map_or(0, |a| a.value.len()))
-            .sum();
-        self.publish_status(kind);
-        // A proxy that reads nothing for the idle timeout is dropped: its buffers stay bounded
-        // and it reconnects (or not) on its own.
-        let sent = match self.idle_timeout {
-            Some(idle) => {
-                match tokio::time::timeout(idle, self.outbound.send(Ok(response))).await {
-                    Ok(sent) => sent,
-                    Err(_) => return Err(End::Idle(idle)),
-                }
-            }
-            None => self.outbound.send(Ok(response)).await,
-        };
-        sent.map_err(|_| End::Closed)?;
-        self.metrics.record_push(kind, started.elapsed(), bytes);
+                .map(|r| r.resource.as_ref().map_or(0, |a| a.value.len()))
+                .sum();
+            self.publish_status(kind);
+            // A proxy that reads nothing for the idle timeout is dropped: its buffers stay
+            // bounded and it reconnects (or not) on its own.
+            let room = match slot.take() {
+                Some(slot) => slot,
+                None => self.reserve().await?,
+            };
+            room.send(response);
+            self.metrics.record_push(kind, started.elapsed(), bytes);
+        }
         Ok(())
     }
 }

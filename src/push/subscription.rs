@@ -124,6 +124,14 @@ pub struct TypeState {
     held: HashMap<String, String>,
     /// The nonce of the last response sent.
     pub last_nonce: String,
+    /// The generation of the newest snapshot noted.
+    seen: u64,
+    /// Names changed between the client's view and snapshot `seen`, each once however often it
+    /// changed (bounded by the type's names); `None` once the client fell further behind than
+    /// the snapshots' history reaches, when a full comparison is due.
+    changed: Option<BTreeSet<String>>,
+    /// Node-scoped mode: the proxy's node, whose [`Snapshot::node_scope`] it always gets.
+    node: Option<String>,
 }
 
 impl TypeState {
@@ -159,6 +167,9 @@ impl TypeState {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
             last_nonce: String::new(),
+            seen: 0,
+            changed: Some(BTreeSet::new()),
+            node: None,
         }
     }
 
@@ -173,9 +184,54 @@ impl TypeState {
         }
     }
 
+    /// Node-scoped mode (Address only): the client gets its node's [`Snapshot::node_scope`]
+    /// plus what it names explicitly. A wildcard subscription becomes exactly that: followed
+    /// by name, like an on-demand one.
+    pub fn scope_to_node(&mut self, node: &str) {
+        if self.kind == TypeKind::Address && !node.is_empty() {
+            self.node = Some(node.to_string());
+            self.subscription.wildcard = false;
+        }
+    }
+
+    /// The node this type is scoped to, if any.
+    pub fn node(&self) -> Option<&str> {
+        self.node.as_deref()
+    }
+
+    /// How many resource names of this type changed between what the client was last brought
+    /// up to date with and `latest`: each name once however often it changed (for an explicit
+    /// client an upper bound, since it may not hold them all).
+    pub fn changed_names(&self, latest: &Snapshot) -> usize {
+        match &self.changed {
+            Some(changed) => changed.len(),
+            None => latest.resources(self.kind).len(),
+        }
+    }
+
+    /// Folds the changes up to `latest` into the names still to compare, without computing
+    /// anything to send: what a connection does for each snapshot while its proxy is slow.
+    pub fn note(&mut self, latest: &Snapshot) {
+        if latest.generation <= self.seen {
+            return;
+        }
+        if let Some(changed) = &mut self.changed {
+            match latest.changes_since(self.seen) {
+                Some(changes) => changed.extend(changes.of(self.kind).names().cloned()),
+                None => self.changed = None,
+            }
+        }
+        self.seen = latest.generation;
+    }
+
     /// What a new snapshot means for this client.
     pub fn on_snapshot(&mut self, snapshot: &Arc<Snapshot>) -> Delta {
         if !self.subscription.wildcard {
+            self.note(snapshot);
+            if self.changed.as_ref().is_some_and(BTreeSet::is_empty) {
+                // No resource of this type changed: no lookup can resolve differently.
+                return Delta::default();
+            }
             return self.explicit(snapshot, &[]);
         }
         let Some(synced) = self.synced.clone() else {
@@ -184,12 +240,13 @@ impl TypeState {
         if synced.generation == snapshot.generation {
             return Delta::default();
         }
+        self.note(snapshot);
         let resources = snapshot.resources(self.kind);
         let old = synced.resources(self.kind);
         let mut delta = Delta::default();
-        match snapshot.changes_since(synced.generation) {
-            Some(changes) => {
-                for name in changes.of(self.kind).names() {
+        match self.changed.replace(BTreeSet::new()) {
+            Some(changed) => {
+                for name in &changed {
                     diff_one(name, old, resources, &mut delta);
                 }
             }
@@ -216,6 +273,10 @@ impl TypeState {
     ) -> Option<Delta> {
         let was_wildcard = self.subscription.wildcard;
         let added = self.subscription.update(subscribe, unsubscribe);
+        if self.node.is_some() {
+            // Node-scoped: `*` does not widen the scope; named keys add to it.
+            self.subscription.wildcard = false;
+        }
         for name in unsubscribe {
             self.held.remove(name);
         }
@@ -254,6 +315,8 @@ impl TypeState {
 
     /// Full wildcard sync against what the client holds (`held`), then track by snapshot.
     fn sync_wildcard(&mut self, snapshot: &Arc<Snapshot>) -> Delta {
+        self.seen = snapshot.generation;
+        self.changed = Some(BTreeSet::new());
         let resources = snapshot.resources(self.kind);
         let mut delta = Delta::default();
         for (name, resource) in resources.iter() {
@@ -279,10 +342,15 @@ impl TypeState {
     /// `fresh` keys that is not itself a resource name is also listed as removed, so that a
     /// client waiting on exactly that key (ztunnel's on-demand `/10.0.0.5`) wakes up.
     fn explicit(&mut self, snapshot: &Arc<Snapshot>, fresh: &[String]) -> Delta {
+        self.seen = snapshot.generation;
+        self.changed = Some(BTreeSet::new());
         let resources = snapshot.resources(self.kind);
         let mut wanted: BTreeSet<String> = BTreeSet::new();
         for key in &self.subscription.names {
             wanted.extend(lookup(snapshot, self.kind, key));
+        }
+        if let Some(node) = &self.node {
+            wanted.extend(snapshot.node_scope(node));
         }
         wanted.extend(
             self.held
@@ -319,6 +387,41 @@ impl TypeState {
         delta.removed = removed.into_iter().collect();
         delta
     }
+}
+
+/// Splits a delta so that no response's resources exceed about `max_bytes` (a resource larger
+/// than that goes alone). Removals go with the first part. Always at least one part, so an
+/// initial request is answered even when there is nothing to send.
+pub fn split(delta: Delta, max_bytes: usize) -> Vec<Delta> {
+    let size = |r: &Resource| {
+        // The Any and its type URL, name, version, aliases, and each field's tag and length.
+        r.any.value.len()
+            + r.any.type_url.len()
+            + r.name.len()
+            + r.version.len()
+            + r.aliases.iter().map(|a| a.len() + 2).sum::<usize>()
+            + 16
+    };
+    let total: usize = delta.resources.iter().map(|r| size(r)).sum();
+    if total <= max_bytes {
+        return vec![delta];
+    }
+    let mut parts = vec![Delta {
+        resources: Vec::new(),
+        removed: delta.removed,
+    }];
+    let mut bytes = 0;
+    for resource in delta.resources {
+        let n = size(&resource);
+        let current = parts.last_mut().expect("one part");
+        if !current.resources.is_empty() && bytes + n > max_bytes {
+            parts.push(Delta::default());
+            bytes = 0;
+        }
+        bytes += n;
+        parts.last_mut().expect("one part").resources.push(resource);
+    }
+    parts
 }
 
 /// Sends `name` if its version differs between the client's snapshot and the new one;

@@ -109,11 +109,21 @@ impl XdsClient {
     /// Connects with an HTTP/2 receive window of `window` bytes (hyper's default is 2 MiB), so
     /// that a client that stops reading stalls the server after that much.
     pub async fn connect_with_window(running: &Running, window: Option<u32>) -> Self {
-        let endpoint =
-            tonic::transport::Endpoint::from_shared(format!("http://{}", running.xds_address))
-                .expect("endpoint")
-                .initial_stream_window_size(window)
-                .initial_connection_window_size(window);
+        Self::connect_to(running.xds_address, |e| {
+            e.initial_stream_window_size(window)
+                .initial_connection_window_size(window)
+        })
+        .await
+    }
+
+    /// Connects to `address` with the endpoint as `configure` leaves it.
+    pub async fn connect_to(
+        address: std::net::SocketAddr,
+        configure: impl FnOnce(tonic::transport::Endpoint) -> tonic::transport::Endpoint,
+    ) -> Self {
+        let endpoint = configure(
+            tonic::transport::Endpoint::from_shared(format!("http://{address}")).expect("endpoint"),
+        );
         let channel = tokio::time::timeout(WAIT, endpoint.connect())
             .await
             .expect("connect timed out")

@@ -198,10 +198,27 @@ fn workload_resource(w: wl::Workload) -> Resource {
     let aliases = aliases(&w.network, &w.addresses);
     let services = w.services.keys().cloned().collect();
     let name = w.uid.clone();
+    let node = w.node.clone();
+    let waypoints = waypoint_key(w.waypoint.as_ref()).into_iter().collect();
     let message = Address {
         r#type: Some(address::Type::Workload(w)),
     };
-    Resource::encode(ADDRESS_TYPE, name, aliases, false, services, &message)
+    let mut resource = Resource::encode(ADDRESS_TYPE, name, aliases, false, services, &message);
+    resource.node = node;
+    resource.waypoints = waypoints;
+    resource
+}
+
+/// The lookup key of a waypoint address: `ns/hostname`, or `network/ip`.
+fn waypoint_key(waypoint: Option<&wl::GatewayAddress>) -> Option<String> {
+    use wl::gateway_address::Destination;
+    match waypoint?.destination.as_ref()? {
+        Destination::Hostname(h) => Some(service_key(&h.namespace, &h.hostname)),
+        Destination::Address(a) => {
+            let ip = ip_from_bytes(&a.address)?;
+            Some(network_address_key(&a.network, &ip))
+        }
+    }
 }
 
 fn service_resource(s: wl::Service) -> Resource {
@@ -217,10 +234,13 @@ fn service_resource(s: wl::Service) -> Resource {
             })
         })
         .collect();
+    let waypoints = waypoint_key(s.waypoint.as_ref()).into_iter().collect();
     let message = Address {
         r#type: Some(address::Type::Service(s)),
     };
-    Resource::encode(ADDRESS_TYPE, name, aliases, true, Vec::new(), &message)
+    let mut resource = Resource::encode(ADDRESS_TYPE, name, aliases, true, Vec::new(), &message);
+    resource.waypoints = waypoints;
+    resource
 }
 
 /// `network/ip` for each raw address.

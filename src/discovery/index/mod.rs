@@ -87,6 +87,7 @@ pub struct Index {
     authorizations: ResourceMap,
     aliases: PersistentMap<String, Names>,
     members: PersistentMap<String, imbl::OrdSet<String>>,
+    by_node: PersistentMap<String, imbl::OrdSet<String>>,
     /// Resource names each target produced last time, sorted (most targets produce one: a
     /// boxed slice, where a `BTreeSet` would allocate a node of eleven).
     produced: HashMap<Target, Box<[(TypeKind, String)]>>,
@@ -115,6 +116,7 @@ impl Index {
             authorizations: ResourceMap::default(),
             aliases: PersistentMap::default(),
             members: PersistentMap::default(),
+            by_node: PersistentMap::default(),
             produced: HashMap::new(),
             owners: HashMap::new(),
             policy_status: PersistentMap::default(),
@@ -238,6 +240,7 @@ impl Index {
             authorizations: self.authorizations.clone(),
             aliases: self.aliases.clone(),
             members: self.members.clone(),
+            by_node: self.by_node.clone(),
             history: self.history.clone(),
             policy_status: self.policy_status.clone(),
             statuses: self.statuses.clone(),
@@ -455,6 +458,9 @@ impl Index {
             for svc in &old.services {
                 remove_from(&mut self.members, svc, name);
             }
+            if !old.node.is_empty() {
+                remove_from(&mut self.by_node, &old.node, name);
+            }
         }
         let changes = changes.of_mut(TypeKind::Address);
         match new {
@@ -467,6 +473,12 @@ impl Index {
                 for svc in &new.services {
                     self.members
                         .entry(svc.clone())
+                        .or_default()
+                        .insert(name.to_string());
+                }
+                if !new.node.is_empty() {
+                    self.by_node
+                        .entry(new.node.clone())
                         .or_default()
                         .insert(name.to_string());
                 }

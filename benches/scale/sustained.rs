@@ -1,0 +1,421 @@
+//! T8: sustained churn. R pod events per second for D seconds, through the real index task
+//! (`push::indexer::run`, with the debounce under test) and the real `AdsServer`, to S
+//! ztunnel-shaped streams that ACK every response.
+//!
+//! Convergence is measured with probes: every 100th event sets a dedicated pod's `version`
+//! label to `probe-N` instead of flipping a pod's readiness. A stream has probe N when it has
+//! received that pod at probe N or later (a slow stream may skip straight to a newer one, which
+//! is what coalescing means); probe N has converged when every stream has it.
+//!
+//! `SCALE_T8_SECONDS` (default 60; quick 10), `SCALE_T8_STREAMS` (1,000; quick 100),
+//! `SCALE_T8_RATE` (events/s, 1,000), `SCALE_T8_DEBOUNCE` (`after_ms,max_ms`, default `0,1000`).
+
+use super::*;
+
+use ambientd::discovery::Event;
+use ambientd::push::Debounce;
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn debounce() -> Debounce {
+    let text = std::env::var("SCALE_T8_DEBOUNCE").unwrap_or_else(|_| "0,1000".into());
+    let mut parts = text
+        .split(',')
+        .map(|p| p.trim().parse::<u64>().unwrap_or(0));
+    Debounce {
+        after: Duration::from_millis(parts.next().unwrap_or(0)),
+        max: Duration::from_millis(parts.next().unwrap_or(1000)),
+    }
+}
+
+/// The probe pod: pod 0 with `version: probe-N`.
+fn probe(spec: &Spec, n: usize) -> Object {
+    let mut value = pod_json(spec, 0, true);
+    value["metadata"]["labels"]["version"] = json!(format!("probe-{n}"));
+    decode_one(value)
+}
+
+struct Outcome {
+    /// Per probe: time until every stream had it (ms); `None` if some stream never did.
+    convergence: Vec<Option<f64>>,
+    sent: usize,
+    elapsed: Duration,
+    snapshots: u64,
+    responses: usize,
+    rss: Vec<u64>,
+    connected: usize,
+}
+
+async fn sustained(
+    pods: usize,
+    streams: usize,
+    rate: usize,
+    seconds: usize,
+    debounce: Debounce,
+) -> Outcome {
+    let spec = Spec::new(pods);
+    let docs = cluster_json(&spec);
+    let (index, _, _) = build(&docs);
+    drop(docs);
+    let probe_uid = {
+        let Object::Pod(p) = decode_one(pod_json(&spec, 0, true)) else {
+            unreachable!()
+        };
+        format!("Kubernetes//Pod/{}/{}", p.namespace, p.name)
+    };
+    // Both readiness states of every other pod, decoded up front.
+    let variants: Vec<[Object; 2]> = (1..spec.pods)
+        .map(|i| {
+            [
+                decode_one(pod_json(&spec, i, false)),
+                decode_one(pod_json(&spec, i, true)),
+            ]
+        })
+        .collect();
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("addr");
+    let (publish, snapshots) = watch::channel(None);
+    let (events, events_rx) = mpsc::channel(10_000);
+    let stop = CancellationToken::new();
+    let indexer = tokio::spawn(ambientd::push::indexer::run(
+        index,
+        events_rx,
+        publish,
+        Arc::new(Metrics::new()),
+        debounce,
+        stop.clone(),
+    ));
+    events.send(Event::Synced).await.expect("indexer");
+    let ads = AdsServer::new(
+        snapshots.clone(),
+        Arc::new(Registry::default()),
+        Arc::new(Metrics::new()),
+    )
+    .with_shutdown(stop.clone())
+    .into_service();
+    let token = stop.clone();
+    tokio::spawn(async move {
+        let _ = ambientd::push::server::grpc_server()
+            .add_service(ads)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), token.cancelled_owned())
+            .await;
+    });
+
+    // The streams live in another process (so that the server's CPU and RSS are its own); it
+    // reports each probe arrival as `P stream probe micros-since-epoch`.
+    let exe = std::env::current_exe().expect("exe");
+    let mut child = Command::new(exe)
+        .args([
+            "--t8-clients",
+            &address.to_string(),
+            &streams.to_string(),
+            &probe_uid,
+        ])
+        .stdout(Stdio::piped())
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("spawn the T8 clients");
+    let stdout = child.stdout.take().expect("stdout");
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<usize>();
+    let reader = std::thread::spawn(move || {
+        let mut arrivals: Vec<(usize, usize, u128)> = Vec::new();
+        let mut responses = 0usize;
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let mut words = line.split_whitespace();
+            match words.next() {
+                Some("READY") => {
+                    let _ = ready_tx.send(words.next().and_then(|n| n.parse().ok()).unwrap_or(0));
+                }
+                Some("P") => {
+                    let mut num = || words.next().and_then(|n| n.parse::<u128>().ok());
+                    if let (Some(id), Some(n), Some(at)) = (num(), num(), num()) {
+                        arrivals.push((id as usize, n as usize, at));
+                    }
+                }
+                Some("R") => responses = words.next().and_then(|n| n.parse().ok()).unwrap_or(0),
+                _ => {}
+            }
+        }
+        (arrivals, responses)
+    });
+    let connected = tokio::task::spawn_blocking(move || {
+        ready_rx.recv_timeout(Duration::from_secs(300)).unwrap_or(0)
+    })
+    .await
+    .unwrap_or(0);
+    eprintln!("  T8: {connected} streams synced");
+    let generation =
+        |s: &ambientd::push::Snapshots| s.borrow().as_ref().map_or(0, |s| s.generation);
+    let first_generation = generation(&snapshots);
+
+    let rss_stop = CancellationToken::new();
+    let rss_task = {
+        let rss_stop = rss_stop.clone();
+        tokio::spawn(async move {
+            let mut samples = vec![rss_bytes()];
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    _ = rss_stop.cancelled() => return samples,
+                    _ = tick.tick() => samples.push(rss_bytes()),
+                }
+            }
+        })
+    };
+
+    // The producer: one event per 1/rate s, catching up in bursts if it falls behind.
+    let total = rate * seconds;
+    let mut ready = vec![true; variants.len()];
+    let mut probes_sent: Vec<u128> = Vec::new();
+    let started = Instant::now();
+    let per_tick = rate.div_ceil(1000).max(1);
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(per_tick as f64 / rate as f64));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut sent = 0;
+    while sent < total {
+        tick.tick().await;
+        for _ in 0..per_tick {
+            let event = if sent % 100 == 0 {
+                probes_sent.push(epoch_micros());
+                probe(&spec, probes_sent.len() - 1)
+            } else {
+                let i = (sent * 7919) % variants.len();
+                ready[i] = !ready[i];
+                variants[i][usize::from(ready[i])].clone()
+            };
+            if events.send(Event::Apply(event)).await.is_err() {
+                break;
+            }
+            sent += 1;
+        }
+    }
+    let elapsed = started.elapsed();
+    // Let the last probes arrive.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let snapshots_published = generation(&snapshots) - first_generation;
+    rss_stop.cancel();
+    let rss = rss_task.await.unwrap_or_default();
+    // Closing the clients' stdin ends them; they report their response count first.
+    drop(child.stdin.take());
+    let (arrivals_flat, responses) = tokio::task::spawn_blocking(move || {
+        let out = reader.join().unwrap_or_default();
+        let _ = child.wait();
+        out
+    })
+    .await
+    .unwrap_or_default();
+    stop.cancel();
+    let _ = indexer.await;
+
+    let mut arrivals: Vec<Vec<(usize, u128)>> = vec![Vec::new(); connected];
+    for (id, n, at) in arrivals_flat {
+        if let Some(stream) = arrivals.get_mut(id) {
+            stream.push((n, at));
+        }
+    }
+    let probes = probes_sent.len();
+    let mut converged: Vec<Option<u128>> = vec![None; probes];
+    let mut complete = vec![true; probes];
+    for stream in &arrivals {
+        // The earliest arrival of probe >= N, for each N.
+        let mut first_at_or_after: Vec<Option<u128>> = vec![None; probes + 1];
+        for &(n, at) in stream {
+            if n < probes {
+                let slot = &mut first_at_or_after[n];
+                *slot = Some(slot.map_or(at, |s| s.min(at)));
+            }
+        }
+        for n in (0..probes).rev() {
+            let later = first_at_or_after[n + 1];
+            let here = first_at_or_after[n];
+            first_at_or_after[n] = match (here, later) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        for n in 0..probes {
+            match first_at_or_after[n] {
+                Some(at) => converged[n] = Some(converged[n].map_or(at, |c| c.max(at))),
+                None => complete[n] = false,
+            }
+        }
+    }
+    let convergence = (0..probes)
+        .map(|n| {
+            complete[n]
+                .then(|| converged[n].map(|c| c.saturating_sub(probes_sent[n]) as f64 / 1e3))
+                .flatten()
+        })
+        .collect();
+    Outcome {
+        convergence,
+        sent,
+        elapsed,
+        snapshots: snapshots_published,
+        responses,
+        rss,
+        connected,
+    }
+}
+
+pub(super) fn t8(o: &Opts) {
+    let seconds = env_or("SCALE_T8_SECONDS", if o.quick { 10 } else { 60 });
+    let streams = env_or("SCALE_T8_STREAMS", if o.quick { 100 } else { 1_000 });
+    let rate = env_or("SCALE_T8_RATE", 1_000);
+    let pods = 1_000;
+    let debounce = debounce();
+    eprintln!(
+        "T8: {rate} events/s for {seconds} s, {streams} streams, {pods} pods, debounce {debounce:?}"
+    );
+    let rt = runtime();
+    let outcome = rt.block_on(sustained(pods, streams, rate, seconds, debounce));
+    let probes = outcome.convergence.len();
+    let done: Vec<f64> = outcome.convergence.iter().flatten().copied().collect();
+    let missing = probes - done.len();
+    let p99 = percentile(&mut done.clone(), 99.0);
+    let p50 = median(&mut done.clone());
+    let max = done.iter().copied().fold(0.0, f64::max);
+    let achieved = outcome.sent as f64 / outcome.elapsed.as_secs_f64();
+    let size = format!(
+        "{} streams, {}, {rate}/s x {seconds} s, debounce {}/{} ms",
+        outcome.connected,
+        Spec::new(pods).label(),
+        debounce.after.as_millis(),
+        debounce.max.as_millis()
+    );
+    emit(row(
+        "T8",
+        size.clone(),
+        "sustained churn: probe -> every stream, p99",
+        p99,
+        "ms",
+        "p99 < 200 ms",
+        Some(missing == 0 && p99 < 200.0 && outcome.connected == streams),
+        format!(
+            "p50 {p50:.1} / max {max:.1} ms over {probes} probes ({missing} never reached every stream); {achieved:.0} events/s achieved; {} snapshots ({:.1} events each); {:.1} responses per stream per s; clients in another process; RSS is the server's",
+            outcome.snapshots,
+            outcome.sent as f64 / outcome.snapshots.max(1) as f64,
+            outcome.responses as f64
+                / outcome.connected.max(1) as f64
+                / outcome.elapsed.as_secs_f64()
+        ),
+    ));
+    let rss = &outcome.rss;
+    let mb = |b: u64| b as f64 / 1e6;
+    let first = rss.first().copied().unwrap_or(0);
+    let quarter = rss.get(rss.len() / 4).copied().unwrap_or(first);
+    let last = rss.last().copied().unwrap_or(0);
+    let peak = rss.iter().copied().max().unwrap_or(0);
+    emit(row(
+        "T8",
+        size,
+        "RSS growth from 1/4 of the run to its end",
+        mb(last.saturating_sub(quarter)),
+        "MB",
+        "bounded (no growth with time)",
+        None,
+        format!(
+            "server RSS: {:.0} MB at the start, {:.0} at 1/4, {:.0} at the end, peak {:.0}",
+            mb(first),
+            mb(quarter),
+            mb(last),
+            mb(peak)
+        ),
+    ));
+}
+
+fn epoch_micros() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros())
+        .unwrap_or(0)
+}
+
+/// The T8 client process: `count` ztunnel-shaped streams that ACK every response and report
+/// each arrival of the probe pod (`P stream probe micros`), until stdin closes.
+pub(super) fn t8_clients_process(address: &str, count: usize, probe_uid: &str) {
+    let rt = runtime();
+    let address: std::net::SocketAddr = address.parse().expect("address");
+    rt.block_on(async {
+        let (clients, _) = connect_all(address, count, 64, &Known::default()).await;
+        let (lines, mut lines_rx) = mpsc::unbounded_channel::<String>();
+        let writer = std::thread::spawn(move || {
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            while let Some(line) = lines_rx.blocking_recv() {
+                let _ = writeln!(out, "{line}");
+                if line.starts_with("READY") {
+                    let _ = out.flush();
+                }
+            }
+            let _ = out.flush();
+        });
+        let _ = lines.send(format!("READY {}", clients.len()));
+        let responses = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stop = CancellationToken::new();
+        let mut readers = tokio::task::JoinSet::new();
+        for (id, mut client) in clients.into_iter().enumerate() {
+            let lines = lines.clone();
+            let stop = stop.clone();
+            let probe_uid = probe_uid.to_string();
+            let responses = responses.clone();
+            readers.spawn(async move {
+                loop {
+                    let message = tokio::select! {
+                        _ = stop.cancelled() => return,
+                        m = client.responses.message() => m,
+                    };
+                    let Ok(Some(response)) = message else { return };
+                    let at = epoch_micros();
+                    responses.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if client.ack(&response).await.is_err() {
+                        return;
+                    }
+                    let Some(any) = response
+                        .resources
+                        .iter()
+                        .find(|r| r.name == probe_uid)
+                        .and_then(|r| r.resource.as_ref())
+                    else {
+                        continue;
+                    };
+                    let Ok(Address {
+                        r#type: Some(ambientd::pb::workload::address::Type::Workload(w)),
+                    }) = Address::decode(any.value.clone())
+                    else {
+                        continue;
+                    };
+                    if let Some(n) = w.canonical_revision.strip_prefix("probe-") {
+                        let _ = lines.send(format!("P {id} {n} {at}"));
+                    }
+                }
+            });
+        }
+        let stdin = tokio::task::spawn_blocking(|| {
+            let mut sink = String::new();
+            while std::io::stdin()
+                .read_line(&mut sink)
+                .map(|n| n > 0)
+                .unwrap_or(false)
+            {}
+        });
+        let _ = tokio::time::timeout(Duration::from_secs(900), stdin).await;
+        stop.cancel();
+        readers.shutdown().await;
+        let _ = lines.send(format!(
+            "R {}",
+            responses.load(std::sync::atomic::Ordering::Relaxed)
+        ));
+        drop(lines);
+        let _ = writer.join();
+    });
+}
