@@ -275,6 +275,8 @@ fn values_reach_the_args() {
             "extraArgs": ["--tls-san=10.0.0.7"],
             "image": {"repository": "registry.example/ambientd", "tag": "v9"},
             "terminationGracePeriodSeconds": 45,
+            "shutdownGrace": "20s",
+            "xds": {"scopeToNode": true},
         }),
         "mesh-system",
     );
@@ -302,6 +304,8 @@ fn values_reach_the_args() {
     assert_eq!(config.settings.system_namespace, "mesh-system");
     assert_eq!(config.debounce.after, std::time::Duration::from_millis(100));
     assert_eq!(config.debounce.max, std::time::Duration::from_secs(2));
+    assert_eq!(config.shutdown_grace, std::time::Duration::from_secs(20));
+    assert!(config.scope_to_node);
     // extraArgs are appended as given.
     assert_eq!(
         rendered.args().last().map(String::as_str),
@@ -319,6 +323,9 @@ fn values_reach_the_args() {
         rendered.flag("--trusted-node-accounts"),
         ["mesh-system/ztunnel"]
     );
+    let config = parse_args(&rendered);
+    assert_eq!(config.shutdown_grace, std::time::Duration::from_secs(10));
+    assert!(!config.scope_to_node);
 }
 
 #[test]
