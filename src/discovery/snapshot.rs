@@ -28,6 +28,9 @@ pub struct Resource {
     pub is_service: bool,
     /// For a workload: the service keys (`ns/hostname`) in its services map.
     pub services: Vec<String>,
+    /// For a pod's workload: the pod's Kubernetes `metadata.uid` (the CA checks a token's pod
+    /// binding against it). Not sent; a pod re-created under its name changes only this.
+    pub pod_uid: Option<Box<str>>,
     /// The payload, ready to send.
     pub any: Any,
 }
@@ -54,6 +57,7 @@ impl Resource {
             aliases,
             is_service,
             services,
+            pod_uid: None,
             any,
         }
     }
@@ -169,9 +173,6 @@ pub struct Snapshot {
     /// others; `None`: it must carry none of ours). An object missing here does not exist. The
     /// status writer compares successive snapshots' maps; an unchanged map is shared.
     pub statuses: PersistentMap<StatusTarget, DesiredStatus>,
-    /// Kubernetes `metadata.uid` of each pod, by its workload uid (`<cluster>//Pod/<ns>/<name>`):
-    /// the CA checks a token's pod binding against it.
-    pub pod_uids: PersistentMap<String, String>,
     /// When the publisher handed it out (set by the publishing task, for convergence metrics).
     pub published_at: Option<std::time::Instant>,
 }
@@ -220,6 +221,12 @@ impl Snapshot {
                 .filter(move |(generation, _)| *generation > since)
                 .map(|(_, changes)| changes),
         )
+    }
+
+    /// Kubernetes `metadata.uid` of the pod whose workload is named `workload_uid`
+    /// (`<cluster>//Pod/<ns>/<name>`): the CA checks a token's pod binding against it.
+    pub fn pod_uid(&self, workload_uid: &str) -> Option<&str> {
+        self.addresses.get(workload_uid)?.pod_uid.as_deref()
     }
 
     /// istiod's `Lookup(key)` for Address resources: a workload uid; `network/ip` (the workloads
