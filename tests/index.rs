@@ -56,7 +56,7 @@ fn pod_becomes_workload_with_every_basic_field() {
 #[test]
 fn dual_stack_pod_keeps_address_order_as_raw_bytes() {
     let mut p = pod(NS, "dual", "fd00::1");
-    p.ips.push(ip("10.0.0.9"));
+    p.ips = [ip("fd00::1"), ip("10.0.0.9")].into();
     let mut index = index_of([Object::Pod(p)]);
     let w = workload(&mut index, &uid(NS, "dual"));
     assert_eq!(w.addresses, vec![raw("fd00::1"), raw("10.0.0.9")]);
@@ -276,9 +276,11 @@ fn workload_name_from_controller_owner() {
     for case in table {
         let mut p = pod_with(NS, "p", "10.0.0.1", case.labels);
         p.generate_name = case.generate_name.into();
-        p.owner = case.owner.map(|(kind, name)| Owner {
-            kind: kind.into(),
-            name: name.into(),
+        p.owner = case.owner.map(|(kind, name)| {
+            Box::new(Owner {
+                kind: kind.into(),
+                name: name.into(),
+            })
         });
         let mut index = index_of([Object::Pod(p)]);
         let w = workload(&mut index, &uid(NS, "p"));
@@ -380,7 +382,7 @@ fn terminal_and_ipless_pods_produce_nothing() {
     ];
     for (phase, ips, emitted) in table {
         let mut p = pod(NS, "p", "10.0.0.1");
-        p.phase = phase.to_string();
+        p.phase = (*phase).into();
         p.ips = ips.iter().map(|s| ip(s)).collect();
         let mut index = Index::new(Settings::default());
         let changes = index.apply(Object::Pod(p));

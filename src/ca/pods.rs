@@ -91,7 +91,9 @@ impl PodIndex for SnapshotPods {
         self.with_table(|t, snapshot| {
             let (resource, info) = t.by_name.get(&(namespace.to_string(), name.to_string()))?;
             // The uid is read live: a pod recreated under the same name changes only its uid.
-            let uid = snapshot.and_then(|s| s.pod_uid(resource)).map(str::to_string);
+            let uid = snapshot
+                .and_then(|s| s.pod_uid(resource))
+                .map(str::to_string);
             Some(PodInfo {
                 uid,
                 ..info.clone()
@@ -227,7 +229,7 @@ mod snapshot_tests {
             namespace: "demo".into(),
             uid: uid.into(),
             phase: "Running".into(),
-            ips: vec!["10.0.0.1".parse().unwrap()],
+            ips: ["10.0.0.1".parse().unwrap()].into(),
             service_account: "web".into(),
             node_name: "node-a".into(),
             ..Default::default()

@@ -45,7 +45,7 @@ pub fn pod(namespace: &str, name: &str, pod_ip: &str) -> Pod {
         namespace: namespace.into(),
         phase: "Running".into(),
         ready: true,
-        ips: vec![ip(pod_ip)],
+        ips: [ip(pod_ip)].into(),
         service_account: "default".into(),
         node_name: NODE.into(),
         ..Default::default()
