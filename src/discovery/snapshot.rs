@@ -31,14 +31,16 @@ pub struct Resource {
     /// For a pod's workload: the pod's Kubernetes `metadata.uid` (the CA checks a token's pod
     /// binding against it). Not sent; a pod re-created under its name changes only this.
     pub pod_uid: Option<Box<str>>,
-    /// The payload, ready to send.
-    pub any: Any,
+    /// The `Any`'s type URL (one of two constants: not a string per resource).
+    pub type_url: &'static str,
+    /// The encoded message: the `Any`'s value, shared (not copied) by every send.
+    pub value: Bytes,
 }
 
 impl Resource {
     /// Encodes `message` as an `Any` of `type_url` and versions it by content.
     pub fn encode<M: Message>(
-        type_url: &str,
+        type_url: &'static str,
         name: String,
         aliases: Vec<String>,
         is_service: bool,
@@ -46,11 +48,7 @@ impl Resource {
         message: &M,
     ) -> Self {
         let value = Bytes::from(message.encode_to_vec());
-        let any = Any {
-            type_url: type_url.to_string(),
-            value,
-        };
-        let version = format!("{:x}", xxhash_rust::xxh64::xxh64(&any.value, 0));
+        let version = format!("{:x}", xxhash_rust::xxh64::xxh64(&value, 0));
         Resource {
             name,
             version,
@@ -58,7 +56,16 @@ impl Resource {
             is_service,
             services,
             pod_uid: None,
-            any,
+            type_url,
+            value,
+        }
+    }
+
+    /// The payload as sent.
+    pub fn any(&self) -> Any {
+        Any {
+            type_url: self.type_url.to_string(),
+            value: self.value.clone(),
         }
     }
 }

@@ -410,7 +410,7 @@ impl Index {
             return self.set_address(name, new, changes);
         }
         let old = self.authorizations.get(name);
-        if old.map(|r| &r.any) == new.as_ref().map(|r| &r.any) {
+        if old.map(|r| &r.value) == new.as_ref().map(|r| &r.value) {
             return;
         }
         let changes = changes.of_mut(kind);
@@ -430,7 +430,7 @@ impl Index {
     /// and records a change only if the bytes differ.
     fn set_address(&mut self, name: &str, new: Option<Resource>, changes: &mut Changes) {
         let old = self.addresses.get(name).cloned();
-        if old.as_ref().map(|r| &r.any) == new.as_ref().map(|r| &r.any) {
+        if old.as_ref().map(|r| &r.value) == new.as_ref().map(|r| &r.value) {
             // Same bytes; only a re-created pod's uid (never sent) may differ.
             if let (Some(old), Some(new)) = (&old, new)
                 && old.pod_uid != new.pod_uid
