@@ -483,3 +483,21 @@ fn changing_the_network_re_emits_everything() {
     assert_eq!(changes.addresses.upserted, all);
     assert_eq!(workload(&mut index, &uid(NS, "p")).network, "");
 }
+
+#[test]
+fn pod_uid_follows_a_recreated_pod_without_a_change() {
+    let mut p = pod(NS, "p", "10.0.0.1");
+    p.uid = "uid-a".into();
+    let mut index = index_of([Object::Pod(p.clone())]);
+    let name = uid(NS, "p");
+    assert_eq!(index.snapshot().pod_uid(&name), Some("uid-a"));
+    // Re-created under the same name: the same bytes (nothing to push), a new uid.
+    p.uid = "uid-b".into();
+    assert!(index.apply(Object::Pod(p.clone())).is_empty());
+    assert_eq!(index.snapshot().pod_uid(&name), Some("uid-b"));
+    p.uid = "".into();
+    assert!(index.apply(Object::Pod(p)).is_empty());
+    assert_eq!(index.snapshot().pod_uid(&name), None);
+    index.delete(&ObjectRef::new(Kind::Pod, NS, "p"));
+    assert_eq!(index.snapshot().pod_uid(&name), None);
+}
