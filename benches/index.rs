@@ -43,32 +43,33 @@ fn pod(i: usize, ready: bool) -> Pod {
     let app = format!("app-{}", i / PODS_PER_SERVICE);
     let hash = format!("{:010x}", i / PODS_PER_SERVICE);
     Pod {
-        name: format!("{app}-{hash}-{i:05}"),
-        uid: format!("00000000-0000-0000-0000-{i:012}"),
-        namespace: namespace(i / PODS_PER_SERVICE),
-        generate_name: format!("{app}-{hash}-"),
+        name: format!("{app}-{hash}-{i:05}").into(),
+        uid: format!("00000000-0000-0000-0000-{i:012}").into(),
+        namespace: namespace(i / PODS_PER_SERVICE).into(),
+        generate_name: format!("{app}-{hash}-").into(),
         labels: labels(&[
             ("app", app.clone()),
             ("version", "v1".into()),
             ("pod-template-hash", hash.clone()),
         ]),
         annotations: labels(&[("ambient.istio.io/redirection", "enabled".into())]),
-        owner: Some(Owner {
+        owner: Some(Box::new(Owner {
             kind: "ReplicaSet".into(),
             name: format!("{app}-{hash}"),
-        }),
+        })),
         terminating: false,
         phase: "Running".into(),
         ready,
-        ips: vec![ip(0x0a00_0000, i)],
-        service_account: app,
-        node_name: format!("node-{}", i % NODES),
+        ips: [ip(0x0a00_0000, i)].into(),
+        service_account: app.into(),
+        node_name: format!("node-{}", i % NODES).into(),
         host_network: false,
-        ports: vec![ContainerPort {
+        ports: [ContainerPort {
             name: "http".into(),
             port: 8080,
             protocol: Protocol::Tcp,
-        }],
+        }]
+        .into(),
     }
 }
 

@@ -94,7 +94,7 @@ fn pod_labelled(namespace: &str, name: &str, pod_ip: &str, l: &[(&str, &str)]) -
 }
 
 fn with_ports(mut p: Pod, ports: &[ContainerPort]) -> Object {
-    p.ports = ports.to_vec();
+    p.ports = ports.into();
     Object::Pod(p)
 }
 
@@ -345,7 +345,7 @@ fn service_port_change_re_emits_the_service_and_its_members_only() {
     web_slice.ports = vec![slice_port("http", 8080)];
     let mut targeted = pod(NS, "targeted", "10.0.0.3");
     targeted.uid = "u-targeted".into();
-    targeted.ports = vec![cport("web", 8081)];
+    targeted.ports = [cport("web", 8081)].into();
     web_slice
         .endpoints
         .push(slice_pod("10.0.0.3", NS, "targeted", "u-targeted"));
@@ -765,7 +765,7 @@ fn updates_to_fields_the_index_does_not_read_emit_nothing() {
     unread.push(Object::Pod(p.clone()));
     p.phase = "Pending".into();
     unread.push(Object::Pod(p.clone()));
-    p.ports = vec![cport("metrics", 9090)];
+    p.ports = [cport("metrics", 9090)].into();
     unread.push(Object::Pod(p.clone()));
     p.uid = "recreated".into();
     unread.push(Object::Pod(p));

@@ -56,7 +56,7 @@ fn pod_becomes_workload_with_every_basic_field() {
 #[test]
 fn dual_stack_pod_keeps_address_order_as_raw_bytes() {
     let mut p = pod(NS, "dual", "fd00::1");
-    p.ips.push(ip("10.0.0.9"));
+    p.ips = [ip("fd00::1"), ip("10.0.0.9")].into();
     let mut index = index_of([Object::Pod(p)]);
     let w = workload(&mut index, &uid(NS, "dual"));
     assert_eq!(w.addresses, vec![raw("fd00::1"), raw("10.0.0.9")]);
@@ -276,9 +276,11 @@ fn workload_name_from_controller_owner() {
     for case in table {
         let mut p = pod_with(NS, "p", "10.0.0.1", case.labels);
         p.generate_name = case.generate_name.into();
-        p.owner = case.owner.map(|(kind, name)| Owner {
-            kind: kind.into(),
-            name: name.into(),
+        p.owner = case.owner.map(|(kind, name)| {
+            Box::new(Owner {
+                kind: kind.into(),
+                name: name.into(),
+            })
         });
         let mut index = index_of([Object::Pod(p)]);
         let w = workload(&mut index, &uid(NS, "p"));
@@ -380,7 +382,7 @@ fn terminal_and_ipless_pods_produce_nothing() {
     ];
     for (phase, ips, emitted) in table {
         let mut p = pod(NS, "p", "10.0.0.1");
-        p.phase = phase.to_string();
+        p.phase = (*phase).into();
         p.ips = ips.iter().map(|s| ip(s)).collect();
         let mut index = Index::new(Settings::default());
         let changes = index.apply(Object::Pod(p));
@@ -480,4 +482,22 @@ fn changing_the_network_re_emits_everything() {
     let changes = index.delete(&ObjectRef::new(Kind::Namespace, "", "istio-system"));
     assert_eq!(changes.addresses.upserted, all);
     assert_eq!(workload(&mut index, &uid(NS, "p")).network, "");
+}
+
+#[test]
+fn pod_uid_follows_a_recreated_pod_without_a_change() {
+    let mut p = pod(NS, "p", "10.0.0.1");
+    p.uid = "uid-a".into();
+    let mut index = index_of([Object::Pod(p.clone())]);
+    let name = uid(NS, "p");
+    assert_eq!(index.snapshot().pod_uid(&name), Some("uid-a"));
+    // Re-created under the same name: the same bytes (nothing to push), a new uid.
+    p.uid = "uid-b".into();
+    assert!(index.apply(Object::Pod(p.clone())).is_empty());
+    assert_eq!(index.snapshot().pod_uid(&name), Some("uid-b"));
+    p.uid = "".into();
+    assert!(index.apply(Object::Pod(p)).is_empty());
+    assert_eq!(index.snapshot().pod_uid(&name), None);
+    index.delete(&ObjectRef::new(Kind::Pod, NS, "p"));
+    assert_eq!(index.snapshot().pod_uid(&name), None);
 }

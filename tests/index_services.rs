@@ -389,7 +389,7 @@ fn services_map_resolves_named_target_ports_per_pod() {
     let mut p = pod_with(NS, "p", "10.0.0.1", &[("app", "web"), ("extra", "x")]);
     let mut udp = cport("dns", 5353);
     udp.protocol = Protocol::Udp;
-    p.ports = vec![cport("grpc", 9500), udp, cport("http", 8080)];
+    p.ports = [cport("grpc", 9500), udp, cport("http", 8080)].into();
 
     let mut index = index_of([Object::Pod(p), Object::Service(s)]);
     let w = workload(&mut index, &uid(NS, "p"));

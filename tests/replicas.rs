@@ -30,12 +30,12 @@ fn contents(snapshot: &Snapshot) -> Contents {
     ] {
         for (name, resource) in map.iter() {
             assert_eq!(&resource.name, name);
-            assert_eq!(resource.any.type_url, type_url);
+            assert_eq!(resource.type_url, type_url);
             all.insert(
                 (type_url, name.clone()),
                 (
                     resource.version.clone(),
-                    resource.any.value.clone(),
+                    resource.value.clone(),
                     resource.aliases.clone(),
                 ),
             );

@@ -91,7 +91,9 @@ impl PodIndex for SnapshotPods {
         self.with_table(|t, snapshot| {
             let (resource, info) = t.by_name.get(&(namespace.to_string(), name.to_string()))?;
             // The uid is read live: a pod recreated under the same name changes only its uid.
-            let uid = snapshot.and_then(|s| s.pod_uids.get(resource)).cloned();
+            let uid = snapshot
+                .and_then(|s| s.pod_uid(resource))
+                .map(str::to_string);
             Some(PodInfo {
                 uid,
                 ..info.clone()
@@ -197,7 +199,7 @@ fn pod_row(resource: &crate::discovery::Resource) -> Option<Row> {
     if resource.is_service || !resource.name.contains("//Pod/") {
         return None;
     }
-    let address = Address::decode(resource.any.value.clone()).ok()?;
+    let address = Address::decode(resource.value.clone()).ok()?;
     let Some(address::Type::Workload(workload)) = address.r#type else {
         return None;
     };
@@ -227,7 +229,7 @@ mod snapshot_tests {
             namespace: "demo".into(),
             uid: uid.into(),
             phase: "Running".into(),
-            ips: vec!["10.0.0.1".parse().unwrap()],
+            ips: ["10.0.0.1".parse().unwrap()].into(),
             service_account: "web".into(),
             node_name: "node-a".into(),
             ..Default::default()

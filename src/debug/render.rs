@@ -221,7 +221,7 @@ pub fn authorization(a: &Authorization) -> Value {
 
 /// A decoded Address resource (workload or service) as JSON.
 pub fn address(resource: &Resource) -> Value {
-    match Address::decode(resource.any.value.clone()).map(|a| a.r#type) {
+    match Address::decode(resource.value.clone()).map(|a| a.r#type) {
         Ok(Some(address::Type::Workload(w))) => workload(&w),
         Ok(Some(address::Type::Service(s))) => service(&s),
         Ok(None) => json!({}),
@@ -231,8 +231,8 @@ pub fn address(resource: &Resource) -> Value {
 
 /// A decoded resource of either type as JSON.
 pub fn resource(resource: &Resource) -> Value {
-    if resource.any.type_url.ends_with("Authorization") {
-        match Authorization::decode(resource.any.value.clone()) {
+    if resource.type_url.ends_with("Authorization") {
+        match Authorization::decode(resource.value.clone()) {
             Ok(a) => authorization(&a),
             Err(e) => json!({"error": e.to_string()}),
         }

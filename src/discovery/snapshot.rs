@@ -33,14 +33,19 @@ pub struct Resource {
     /// Lookup keys of the waypoint this workload or service uses: `ns/hostname` or
     /// `network/ip` (see [`Snapshot::lookup_addresses`]).
     pub waypoints: Vec<String>,
-    /// The payload, ready to send.
-    pub any: Any,
+    /// For a pod's workload: the pod's Kubernetes `metadata.uid` (the CA checks a token's pod
+    /// binding against it). Not sent; a pod re-created under its name changes only this.
+    pub pod_uid: Option<Box<str>>,
+    /// The `Any`'s type URL (one of two constants: not a string per resource).
+    pub type_url: &'static str,
+    /// The encoded message: the `Any`'s value, shared (not copied) by every send.
+    pub value: Bytes,
 }
 
 impl Resource {
     /// Encodes `message` as an `Any` of `type_url` and versions it by content.
     pub fn encode<M: Message>(
-        type_url: &str,
+        type_url: &'static str,
         name: String,
         aliases: Vec<String>,
         is_service: bool,
@@ -48,11 +53,7 @@ impl Resource {
         message: &M,
     ) -> Self {
         let value = Bytes::from(message.encode_to_vec());
-        let any = Any {
-            type_url: type_url.to_string(),
-            value,
-        };
-        let version = format!("{:x}", xxhash_rust::xxh64::xxh64(&any.value, 0));
+        let version = format!("{:x}", xxhash_rust::xxh64::xxh64(&value, 0));
         Resource {
             name,
             version,
@@ -61,7 +62,17 @@ impl Resource {
             services,
             node: String::new(),
             waypoints: Vec::new(),
-            any,
+            pod_uid: None,
+            type_url,
+            value,
+        }
+    }
+
+    /// The payload as sent.
+    pub fn any(&self) -> Any {
+        Any {
+            type_url: self.type_url.to_string(),
+            value: self.value.clone(),
         }
     }
 }
@@ -178,9 +189,6 @@ pub struct Snapshot {
     /// others; `None`: it must carry none of ours). An object missing here does not exist. The
     /// status writer compares successive snapshots' maps; an unchanged map is shared.
     pub statuses: PersistentMap<StatusTarget, DesiredStatus>,
-    /// Kubernetes `metadata.uid` of each pod, by its workload uid (`<cluster>//Pod/<ns>/<name>`):
-    /// the CA checks a token's pod binding against it.
-    pub pod_uids: PersistentMap<String, String>,
     /// When the publisher handed it out (set by the publishing task, for convergence metrics).
     pub published_at: Option<std::time::Instant>,
 }
@@ -257,6 +265,12 @@ impl Snapshot {
             names.extend(self.lookup_addresses(key));
         }
         names
+    }
+
+    /// Kubernetes `metadata.uid` of the pod whose workload is named `workload_uid`
+    /// (`<cluster>//Pod/<ns>/<name>`): the CA checks a token's pod binding against it.
+    pub fn pod_uid(&self, workload_uid: &str) -> Option<&str> {
+        self.addresses.get(workload_uid)?.pod_uid.as_deref()
     }
 
     /// istiod's `Lookup(key)` for Address resources: a workload uid; `network/ip` (the workloads

@@ -57,7 +57,6 @@ pub struct Store {
     /// Gateways that are ready waypoints (derived from Gateway + GatewayClass).
     pub waypoints: HashMap<Key, Waypoint>,
     pub members: HashMap<String, NamespaceMembers>,
-    pub pods_by_node: HashMap<String, BTreeSet<Key>>,
     /// `(ns, service name)` -> slices labelled for it.
     pub slices_by_service: HashMap<Key, BTreeSet<String>>,
     /// Pod -> slices (which may live in another namespace) with an endpoint whose targetRef
@@ -281,10 +280,6 @@ impl Store {
             }
             Object::Pod(p) => {
                 self.member_mut(&k.0).pods.insert(k.1.clone());
-                self.pods_by_node
-                    .entry(p.node_name.clone())
-                    .or_default()
-                    .insert(k.clone());
                 self.pods.insert(k, p);
             }
             Object::Service(s) => {
@@ -363,9 +358,6 @@ impl Store {
             Kind::Pod => {
                 let pod = self.pods.remove(&k)?;
                 self.member_mut(&k.0).pods.remove(&k.1);
-                if let Some(keys) = self.pods_by_node.get_mut(&pod.node_name) {
-                    keys.remove(&k);
-                }
                 Some(Object::Pod(pod))
             }
             Kind::Service => {

@@ -27,7 +27,7 @@ pub fn build(
     pod: &Pod,
     reads: &mut Vec<Key>,
 ) -> Option<Workload> {
-    if matches!(pod.phase.as_str(), "Succeeded" | "Failed") || pod.ips.is_empty() {
+    if matches!(&*pod.phase, "Succeeded" | "Failed") || pod.ips.is_empty() {
         return None;
     }
     let workload_name = workload_name(pod);
@@ -37,7 +37,7 @@ pub fn build(
     let instance_of = pod
         .labels
         .get(GATEWAY_NAME_LABEL)
-        .map(|gateway| (pod.namespace.clone(), gateway.to_string()));
+        .map(|gateway| (pod.namespace.to_string(), gateway.to_string()));
     if let Some(key) = &instance_of {
         reads.push(key.clone());
     }
@@ -51,15 +51,15 @@ pub fn build(
     };
     Some(Workload {
         uid: pod_uid(&settings.cluster_id, &pod.namespace, &pod.name),
-        name: pod.name.clone(),
-        namespace: pod.namespace.clone(),
+        name: pod.name.to_string(),
+        namespace: pod.namespace.to_string(),
         addresses: pod.ips.iter().map(ip_bytes).collect(),
         network: store.network(settings).to_string(),
         tunnel_protocol: tunnel_protocol as i32,
         native_tunnel,
         trust_domain: settings.wire_trust_domain().to_string(),
-        service_account: pod.service_account.clone(),
-        node: pod.node_name.clone(),
+        service_account: pod.service_account.to_string(),
+        node: pod.node_name.to_string(),
         canonical_name: canonical_name(&pod.labels, &workload_name),
         canonical_revision: canonical_revision(&pod.labels),
         workload_type: WorkloadType::Pod as i32,
@@ -97,7 +97,7 @@ pub fn workload_name(pod: &Pod) -> String {
     }
     let owner = match &pod.owner {
         Some(owner) if !pod.generate_name.is_empty() => owner,
-        _ => return pod.name.clone(),
+        _ => return pod.name.to_string(),
     };
     let label = |key: &str| pod.labels.get(key).filter(|v| !v.is_empty());
     match owner.kind.as_str() {

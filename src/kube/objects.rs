@@ -439,15 +439,17 @@ impl RawPod {
             .owner_references
             .iter()
             .find(|o| o.controller == Some(true))
-            .map(|o| Owner {
-                kind: o.kind.clone(),
-                name: o.name.clone(),
+            .map(|o| {
+                Box::new(Owner {
+                    kind: o.kind.clone(),
+                    name: o.name.clone(),
+                })
             });
         Ok(Object::Pod(Pod {
-            name,
-            uid: self.metadata.uid.clone(),
-            namespace: self.metadata.namespace(),
-            generate_name: self.metadata.generate_name,
+            name: name.into(),
+            uid: self.metadata.uid.as_str().into(),
+            namespace: self.metadata.namespace().into(),
+            generate_name: self.metadata.generate_name.into(),
             labels: self.metadata.labels,
             // Pods carry large annotations (sidecar status, checksums); keep only what the
             // conversion reads.
@@ -462,21 +464,23 @@ impl RawPod {
                 .metadata
                 .deletion_timestamp
                 .is_some_and(|v| !v.is_null()),
-            phase: status.phase.unwrap_or_else(|| "Pending".into()),
+            phase: status.phase.as_deref().unwrap_or("Pending").into(),
             ready: status
                 .conditions
                 .iter()
                 // `status: True` unquoted is a YAML boolean, read as the text "true".
                 .any(|c| c.kind == "Ready" && c.status.eq_ignore_ascii_case("true")),
-            ips,
+            ips: ips.into(),
             service_account: spec
                 .service_account_name
                 .filter(|sa| !sa.is_empty())
                 .or(spec.service_account.filter(|sa| !sa.is_empty()))
-                .unwrap_or_else(|| "default".into()),
-            node_name: spec.node_name,
+                .as_deref()
+                .unwrap_or("default")
+                .into(),
+            node_name: spec.node_name.into(),
             host_network: spec.host_network,
-            ports,
+            ports: ports.into(),
         }))
     }
 }
@@ -669,10 +673,10 @@ mod tests {
         ) else {
             panic!("not a pod")
         };
-        assert_eq!(pod.namespace, "default");
-        assert_eq!(pod.service_account, "default");
-        assert_eq!(pod.phase, "Pending");
-        assert_eq!(pod.ips, vec!["10.1.1.1".parse::<IpAddr>().unwrap()]);
+        assert_eq!(&*pod.namespace, "default");
+        assert_eq!(&*pod.service_account, "default");
+        assert_eq!(&*pod.phase, "Pending");
+        assert_eq!(&*pod.ips, ["10.1.1.1".parse::<IpAddr>().unwrap()]);
         assert_eq!(pod.ports[0].protocol, Protocol::Tcp);
         assert!(pod.ready, "an unquoted True condition still counts");
         assert_eq!(pod.labels.get("version"), Some("2"));

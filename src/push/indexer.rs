@@ -155,7 +155,7 @@ mod tests {
             namespace: "ns".into(),
             labels: [("version".to_string(), label.to_string())].into(),
             phase: "Running".into(),
-            ips: vec!["10.0.0.1".parse().unwrap()],
+            ips: ["10.0.0.1".parse().unwrap()].into(),
             ..Default::default()
         }))
     }

@@ -665,7 +665,7 @@ impl Connection {
                         name: r.name.clone(),
                         version: r.version.clone(),
                         aliases: r.aliases.clone(),
-                        resource: Some(r.any.clone()),
+                        resource: Some(r.any()),
                         ttl: None,
                         cache_control: None,
                     })

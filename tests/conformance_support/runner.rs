@@ -403,7 +403,7 @@ impl Run {
             let names: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
             for name in names {
                 let (x, y) = (a.get(name), b.get(name));
-                if x.map(|r| &r.any) != y.map(|r| &r.any) {
+                if x.map(|r| &r.value) != y.map(|r| &r.value) {
                     differences.push(format!(
                         "{kind} {name:?}: incremental {}, fresh {}",
                         summary(x),
@@ -499,10 +499,10 @@ impl Addr {
 }
 
 fn decode_address(resource: &ambientd::discovery::Resource) -> Result<Addr, String> {
-    if resource.any.type_url != ADDRESS_TYPE {
-        return Err(format!("type_url {:?}", resource.any.type_url));
+    if resource.type_url != ADDRESS_TYPE {
+        return Err(format!("type_url {:?}", resource.type_url));
     }
-    let message = Address::decode(resource.any.value.clone()).map_err(|e| e.to_string())?;
+    let message = Address::decode(resource.value.clone()).map_err(|e| e.to_string())?;
     match message.r#type {
         Some(address::Type::Workload(w)) => Ok(Addr::Workload(Box::new(w))),
         Some(address::Type::Service(s)) => Ok(Addr::Service(Box::new(s))),
@@ -546,14 +546,14 @@ impl View {
             }
         }
         for (name, resource) in snapshot.authorizations.iter() {
-            if resource.any.type_url != AUTHORIZATION_TYPE {
+            if resource.type_url != AUTHORIZATION_TYPE {
                 view.problems.push(format!(
                     "invariant: Authorization resource {name:?} has type_url {:?}",
-                    resource.any.type_url
+                    resource.type_url
                 ));
                 continue;
             }
-            match Authorization::decode(resource.any.value.clone()) {
+            match Authorization::decode(resource.value.clone()) {
                 Ok(a) => {
                     if format!("{}/{}", a.namespace, a.name) != *name {
                         view.problems.push(format!(

@@ -45,7 +45,7 @@ pub fn pod(namespace: &str, name: &str, pod_ip: &str) -> Pod {
         namespace: namespace.into(),
         phase: "Running".into(),
         ready: true,
-        ips: vec![ip(pod_ip)],
+        ips: [ip(pod_ip)].into(),
         service_account: "default".into(),
         node_name: NODE.into(),
         ..Default::default()
@@ -141,7 +141,7 @@ pub fn index_of(objects: impl IntoIterator<Item = Object>) -> Index {
 
 pub fn decode(snapshot: &Snapshot, name: &str) -> Option<address::Type> {
     let resource = snapshot.addresses.get(name)?;
-    let message = Address::decode(resource.any.value.clone()).expect("decode Address");
+    let message = Address::decode(resource.value.clone()).expect("decode Address");
     Some(message.r#type.expect("Address without a type"))
 }
 

@@ -120,8 +120,12 @@ impl Index {
                 store
                     .pods
                     .get(k)
-                    .and_then(|pod| workload::build(settings, store, pod, reads))
-                    .map(workload_resource)
+                    .and_then(|pod| {
+                        let mut resource =
+                            workload_resource(workload::build(settings, store, pod, reads)?);
+                        resource.pod_uid = (!pod.uid.is_empty()).then(|| pod.uid.clone());
+                        Some(resource)
+                    })
                     .into_iter()
                     .collect(),
             ),

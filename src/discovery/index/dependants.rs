@@ -178,7 +178,10 @@ impl Index {
     ) {
         for pod in self.store.pods_in(namespace) {
             if selects(selector, &pod.labels) {
-                targets.insert(Target::Pod((pod.namespace.clone(), pod.name.clone())));
+                targets.insert(Target::Pod((
+                    pod.namespace.to_string(),
+                    pod.name.to_string(),
+                )));
             }
         }
         for we in self.store.workload_entries_in(namespace) {
@@ -200,11 +203,15 @@ impl Index {
         };
         match object {
             Object::Namespace(ns) => self.namespace_targets(&ns.name, targets),
-            Object::Node(node) => {
-                if let Some(keys) = self.store.pods_by_node.get(&node.name) {
-                    targets.extend(keys.iter().cloned().map(Target::Pod));
-                }
-            }
+            // A scan, not a per-node index: a node's labels rarely change (a status-only update
+            // is a no-op after reduction), and an index of pods by node cost ~130 B per pod.
+            Object::Node(node) => targets.extend(
+                self.store
+                    .pods
+                    .iter()
+                    .filter(|(_, pod)| *pod.node_name == *node.name)
+                    .map(|(k, _)| Target::Pod(k.clone())),
+            ),
             // Waypoints are handled by `after_change`.
             Object::Gateway(_) | Object::GatewayClass(_) => {}
             Object::Pod(_) => {

@@ -89,7 +89,8 @@ pub struct Index {
     members: PersistentMap<String, imbl::OrdSet<String>>,
     by_node: PersistentMap<String, imbl::OrdSet<String>>,
     /// Resource names each target produced last time, sorted (most targets produce one: a
-    /// boxed slice, where a `BTreeSet` would allocate a node of eleven).
+    /// boxed slice, where a `BTreeSet` would allocate a node of eleven). Pods have no entry
+    /// here nor in `owners`: a pod's only resource is named from its key.
     produced: HashMap<Target, Box<[(TypeKind, String)]>>,
     /// The target that produced each resource name.
     owners: HashMap<(TypeKind, String), Target>,
@@ -104,7 +105,6 @@ pub struct Index {
     history: imbl::Vector<(u64, Arc<Changes>)>,
     unpublished: Changes,
     service_count: usize,
-    pod_uids: PersistentMap<String, String>,
 }
 
 impl Index {
@@ -127,7 +127,6 @@ impl Index {
             history: imbl::Vector::new(),
             unpublished: Changes::default(),
             service_count: 0,
-            pod_uids: PersistentMap::default(),
         }
     }
 
@@ -165,14 +164,6 @@ impl Index {
             self.dependants(&old, &mut targets);
         }
         let network_before = self.store.network(&self.settings).to_string();
-        if let Object::Pod(pod) = &object {
-            let name = pod_uid(&self.settings.cluster_id, &pod.namespace, &pod.name);
-            if pod.uid.is_empty() {
-                self.pod_uids.remove(&name);
-            } else if self.pod_uids.get(&name) != Some(&pod.uid) {
-                self.pod_uids.insert(name, pod.uid.clone());
-            }
-        }
         // The new object's dependants do not depend on it being stored yet, so it can be moved
         // into the store without a copy.
         self.dependants(&object, &mut targets);
@@ -189,14 +180,6 @@ impl Index {
         let mut targets = BTreeSet::new();
         self.dependants(&old, &mut targets);
         let network_before = self.store.network(&self.settings).to_string();
-        if reference.kind == Kind::Pod {
-            let name = pod_uid(
-                &self.settings.cluster_id,
-                &reference.namespace,
-                &reference.name,
-            );
-            self.pod_uids.remove(&name);
-        }
         self.store.remove(reference, &self.settings);
         self.dependants(&old, &mut targets);
         self.after_change(reference, &network_before, &mut targets);
@@ -244,7 +227,6 @@ impl Index {
             history: self.history.clone(),
             policy_status: self.policy_status.clone(),
             statuses: self.statuses.clone(),
-            pod_uids: self.pod_uids.clone(),
             published_at: None,
         })
     }
@@ -316,6 +298,15 @@ impl Index {
             self.record_reads(&target, reads);
             if let Some((object, desired)) = built.status {
                 self.set_status(object, desired, &mut changes);
+            }
+            if let Target::Pod((namespace, name)) = &target {
+                // A pod produces at most its own workload, named from its key, and no other
+                // target produces that name: `produced` and `owners` need no entry for it.
+                let uid = pod_uid(&self.settings.cluster_id, namespace, name);
+                let resource = built.resources.into_iter().next().map(|(_, r)| r);
+                debug_assert!(resource.as_ref().is_none_or(|r| r.name == uid));
+                self.set_resource(TypeKind::Address, &uid, resource, &mut changes);
+                continue;
             }
             let mut names: Vec<(TypeKind, String)> = built
                 .resources
@@ -422,7 +413,7 @@ impl Index {
             return self.set_address(name, new, changes);
         }
         let old = self.authorizations.get(name);
-        if old.map(|r| &r.any) == new.as_ref().map(|r| &r.any) {
+        if old.map(|r| &r.value) == new.as_ref().map(|r| &r.value) {
             return;
         }
         let changes = changes.of_mut(kind);
@@ -442,7 +433,13 @@ impl Index {
     /// and records a change only if the bytes differ.
     fn set_address(&mut self, name: &str, new: Option<Resource>, changes: &mut Changes) {
         let old = self.addresses.get(name).cloned();
-        if old.as_ref().map(|r| &r.any) == new.as_ref().map(|r| &r.any) {
+        if old.as_ref().map(|r| &r.value) == new.as_ref().map(|r| &r.value) {
+            // Same bytes; only a re-created pod's uid (never sent) may differ.
+            if let (Some(old), Some(new)) = (&old, new)
+                && old.pod_uid != new.pod_uid
+            {
+                self.addresses.insert(name.to_string(), Arc::new(new));
+            }
             return;
         }
         if let Some(old) = &old {
