@@ -507,7 +507,20 @@ pub(super) fn clients_process(address: &str, count: usize) {
     let rt = runtime();
     let address: std::net::SocketAddr = address.parse().expect("address");
     rt.block_on(async {
-        let (clients, elapsed) = connect_all(address, count, 64, &Known::default()).await;
+        // `SCALE_T7_RECONNECT=1`: the streams connect as reconnecting ztunnels do, with the
+        // versions of a full sync in `initial_resource_versions` (a large first request).
+        let mut known = Known::default();
+        if std::env::var("SCALE_T7_RECONNECT").is_ok_and(|v| v == "1") {
+            let (_, initial) = Client::sync(address, 0, &known).await.expect("first sync");
+            known = initial.map(|response| {
+                response
+                    .resources
+                    .iter()
+                    .map(|r| (r.name.clone(), r.version.clone()))
+                    .collect()
+            });
+        }
+        let (clients, elapsed) = connect_all(address, count, 64, &known).await;
         eprintln!(
             "  T7 clients: {} streams synced in {elapsed:.1?}",
             clients.len()

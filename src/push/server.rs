@@ -46,7 +46,10 @@ pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// keepalive so that dead proxies are noticed. HTTP/2 windows stay at hyper's defaults: the
 /// server's receive windows only bound what proxies upload (requests; the largest is a
 /// reconnect's `initial_resource_versions`), and how fast responses go out is set by the
-/// proxy's windows (ztunnel: hyper's client defaults).
+/// proxy's windows (ztunnel: hyper's client defaults). None of the HTTP/2 settings tonic or
+/// hyper expose changes what an idle connection holds: windows are counters, 16 KiB frames are
+/// HTTP/2's minimum, and h2's codec buffers (16 KiB write, 8 KiB read, 4 KiB HPACK) are fixed
+/// (BENCHMARKS.md, T7).
 pub fn grpc_server() -> tonic::transport::Server {
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
