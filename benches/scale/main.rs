@@ -41,9 +41,14 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_util::sync::CancellationToken;
 
-// The allocator the binary uses.
+// The allocator the binary uses; with `--features dhat-heap`, dhat's (T7 then writes a heap
+// profile of its idle connections).
+#[cfg(not(feature = "dhat-heap"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+#[cfg(feature = "dhat-heap")]
+#[global_allocator]
+static GLOBAL: dhat::Alloc = dhat::Alloc;
 
 /// Any single expected network event.
 const WAIT: Duration = Duration::from_secs(30);

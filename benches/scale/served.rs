@@ -26,7 +26,7 @@ pub(super) async fn serve(snapshot: Arc<Snapshot>) -> Server {
     let stop = CancellationToken::new();
     let token = stop.clone();
     tokio::spawn(async move {
-        let _ = tonic::transport::Server::builder()
+        let _ = ambientd::push::server::grpc_server()
             .add_service(ads)
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), token.cancelled_owned())
             .await;
@@ -408,7 +408,11 @@ pub(super) fn t6(o: &Opts) {
 }
 
 pub(super) fn t7(o: &Opts) {
-    let streams = if o.quick { 200 } else { 10_000 };
+    // `SCALE_T7_STREAMS` sets the number of streams (default 10,000; 200 with `--quick`).
+    let streams = std::env::var("SCALE_T7_STREAMS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if o.quick { 200 } else { 10_000 });
     // `SCALE_T7_PODS` sets the served state's size (default 100 pods), to separate per-stream
     // state that grows with the resources sent from the fixed cost of a connection.
     let pods = std::env::var("SCALE_T7_PODS")
@@ -427,6 +431,12 @@ pub(super) fn t7(o: &Opts) {
         drop(warm);
         tokio::time::sleep(Duration::from_millis(300)).await;
         let before = rss_bytes();
+        // With `--features dhat-heap`: every allocation from here on is recorded, and those
+        // still live once the streams are idle are written to `dhat-heap.json`.
+        #[cfg(feature = "dhat-heap")]
+        let profiler = dhat::Profiler::builder().trim_backtraces(None).build();
+        #[cfg(feature = "dhat-heap")]
+        let heap_before = dhat::HeapStats::get();
         let exe = std::env::current_exe().expect("exe");
         let mut child = Command::new(exe)
             .args([
@@ -455,6 +465,19 @@ pub(super) fn t7(o: &Opts) {
             .unwrap_or(0);
         tokio::time::sleep(Duration::from_millis(500)).await;
         let after = rss_bytes();
+        #[cfg(feature = "dhat-heap")]
+        {
+            let heap = dhat::HeapStats::get();
+            let per = heap.curr_bytes.saturating_sub(heap_before.curr_bytes) as f64
+                / connected.max(1) as f64;
+            let blocks = heap.curr_blocks.saturating_sub(heap_before.curr_blocks) as f64
+                / connected.max(1) as f64;
+            eprintln!(
+                "  T7 heap (dhat): {:.0} B in {blocks:.1} blocks live per idle stream",
+                per
+            );
+            drop(profiler);
+        }
         let _ = child.kill();
         let _ = child.wait();
         server.stop.cancel();
@@ -484,7 +507,20 @@ pub(super) fn clients_process(address: &str, count: usize) {
     let rt = runtime();
     let address: std::net::SocketAddr = address.parse().expect("address");
     rt.block_on(async {
-        let (clients, elapsed) = connect_all(address, count, 64, &Known::default()).await;
+        // `SCALE_T7_RECONNECT=1`: the streams connect as reconnecting ztunnels do, with the
+        // versions of a full sync in `initial_resource_versions` (a large first request).
+        let mut known = Known::default();
+        if std::env::var("SCALE_T7_RECONNECT").is_ok_and(|v| v == "1") {
+            let (_, initial) = Client::sync(address, 0, &known).await.expect("first sync");
+            known = initial.map(|response| {
+                response
+                    .resources
+                    .iter()
+                    .map(|r| (r.name.clone(), r.version.clone()))
+                    .collect()
+            });
+        }
+        let (clients, elapsed) = connect_all(address, count, 64, &known).await;
         eprintln!(
             "  T7 clients: {} streams synced in {elapsed:.1?}",
             clients.len()

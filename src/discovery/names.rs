@@ -33,6 +33,85 @@ impl TypeKind {
     }
 }
 
+/// One value per resource type, in [`TypeKind::ALL`] order: two slots, where a `BTreeMap`
+/// would allocate a node of eleven (about 2 KB per connection for its sync state).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PerType<T>([Option<T>; 2]);
+
+impl<T> Default for PerType<T> {
+    fn default() -> Self {
+        PerType([None, None])
+    }
+}
+
+type Entries<'a, T> = std::iter::FilterMap<
+    std::iter::Zip<std::slice::Iter<'static, TypeKind>, std::slice::Iter<'a, Option<T>>>,
+    fn((&'static TypeKind, &'a Option<T>)) -> Option<(&'static TypeKind, &'a T)>,
+>;
+
+impl<T> PerType<T> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn slot(kind: TypeKind) -> usize {
+        match kind {
+            TypeKind::Address => 0,
+            TypeKind::Authorization => 1,
+        }
+    }
+
+    pub fn get(&self, kind: &TypeKind) -> Option<&T> {
+        self.0[Self::slot(*kind)].as_ref()
+    }
+
+    pub fn get_mut(&mut self, kind: &TypeKind) -> Option<&mut T> {
+        self.0[Self::slot(*kind)].as_mut()
+    }
+
+    /// Sets `kind`'s value; returns the one it replaces.
+    pub fn insert(&mut self, kind: TypeKind, value: T) -> Option<T> {
+        self.0[Self::slot(kind)].replace(value)
+    }
+
+    pub fn get_or_insert_with(&mut self, kind: TypeKind, f: impl FnOnce() -> T) -> &mut T {
+        self.0[Self::slot(kind)].get_or_insert_with(f)
+    }
+
+    /// The types that have a value, with it, in [`TypeKind::ALL`] order.
+    pub fn iter(&self) -> Entries<'_, T> {
+        TypeKind::ALL
+            .iter()
+            .zip(self.0.iter())
+            .filter_map(|(kind, value)| Some((kind, value.as_ref()?)))
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = TypeKind> + '_ {
+        self.iter().map(|(kind, _)| *kind)
+    }
+
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.0.iter_mut().flatten()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.iter().flatten().count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<'a, T> IntoIterator for &'a PerType<T> {
+    type Item = (&'static TypeKind, &'a T);
+    type IntoIter = Entries<'a, T>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
 impl fmt::Display for TypeKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self, f)
@@ -73,5 +152,31 @@ pub fn ip_bytes(ip: &IpAddr) -> bytes::Bytes {
     match ip {
         IpAddr::V4(v4) => bytes::Bytes::copy_from_slice(&v4.octets()),
         IpAddr::V6(v6) => bytes::Bytes::copy_from_slice(&v6.octets()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_type_holds_one_value_per_kind_in_push_order() {
+        let mut map: PerType<&str> = PerType::new();
+        assert!(map.is_empty());
+        assert_eq!(map.insert(TypeKind::Authorization, "b"), None);
+        assert_eq!(map.keys().collect::<Vec<_>>(), [TypeKind::Authorization]);
+        assert_eq!(map.insert(TypeKind::Address, "a"), None);
+        assert_eq!(map.insert(TypeKind::Address, "a2"), Some("a"));
+        *map.get_or_insert_with(TypeKind::Authorization, || "unused") = "b2";
+        assert_eq!(
+            map.iter().map(|(k, v)| (*k, *v)).collect::<Vec<_>>(),
+            [(TypeKind::Address, "a2"), (TypeKind::Authorization, "b2")]
+        );
+        for value in map.values_mut() {
+            *value = "x";
+        }
+        assert_eq!((&map).into_iter().count(), 2);
+        assert_eq!(map.get(&TypeKind::Address), Some(&"x"));
+        assert_eq!(map.len(), 2);
     }
 }

@@ -21,7 +21,9 @@ use crate::pb::xds::DeltaDiscoveryResponse;
 /// Responses queued per stream beyond the one the encoder is writing.
 pub const QUEUE: usize = 1;
 
-type Item = (usize, Result<DeltaDiscoveryResponse, Status>);
+/// Boxed: tokio's channel allocates a block of 32 slots up front, which for the unboxed pair
+/// (about 125 B) is 4 KB per stream for a queue that holds one.
+type Item = Box<(usize, Result<DeltaDiscoveryResponse, Status>)>;
 
 /// The sending half, owned by the connection task.
 #[derive(Clone)]
@@ -86,12 +88,12 @@ impl Slot {
     pub fn send(self, response: DeltaDiscoveryResponse) {
         let size = response.encoded_len();
         self.queued_bytes.fetch_add(size, Ordering::Relaxed);
-        self.permit.send((size, Ok(response)));
+        self.permit.send(Box::new((size, Ok(response))));
     }
 
     /// Queues the status that ends the stream.
     pub fn fail(self, status: Status) {
-        self.permit.send((0, Err(status)));
+        self.permit.send(Box::new((0, Err(status))));
     }
 }
 
@@ -100,7 +102,8 @@ impl Stream for Responses {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         match self.rx.poll_recv(cx) {
-            Poll::Ready(Some((size, item))) => {
+            Poll::Ready(Some(boxed)) => {
+                let (size, item) = *boxed;
                 self.queued_bytes.fetch_sub(size, Ordering::Relaxed);
                 Poll::Ready(Some(item))
             }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
 use crate::discovery::Snapshot;
-use crate::discovery::names::TypeKind;
+use crate::discovery::names::PerType;
 use crate::push::server::ProxyInfo;
 
 /// What the client holds for one type.
@@ -57,7 +57,7 @@ pub struct ConnectionStatus {
     pub peer: String,
     pub connected_at: SystemTime,
     pub proxy: Option<ProxyInfo>,
-    pub types: BTreeMap<TypeKind, TypeStatus>,
+    pub types: PerType<TypeStatus>,
     pub pending: Pending,
 }
 
@@ -80,7 +80,7 @@ impl Registry {
             peer,
             connected_at: SystemTime::now(),
             proxy: None,
-            types: BTreeMap::new(),
+            types: PerType::new(),
             pending: Pending::default(),
         }));
         lock(&self.connections).insert(id, status.clone());

@@ -5,7 +5,7 @@
 //! subscriptions, and follows new snapshots. It sends one response per type per step; while the
 //! client is slow, newer snapshots supersede older ones instead of queueing.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,7 +17,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::discovery::Snapshot;
-use crate::discovery::names::TypeKind;
+use crate::discovery::names::{PerType, TypeKind};
 use crate::metrics::{Metrics, TypeLabel, VersionLabel};
 use crate::pb::google::protobuf::value::Kind as ValueKind;
 use crate::pb::xds::aggregated_discovery_service_server::AggregatedDiscoveryService;
@@ -46,7 +46,10 @@ pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// keepalive so that dead proxies are noticed. HTTP/2 windows stay at hyper's defaults: the
 /// server's receive windows only bound what proxies upload (requests; the largest is a
 /// reconnect's `initial_resource_versions`), and how fast responses go out is set by the
-/// proxy's windows (ztunnel: hyper's client defaults).
+/// proxy's windows (ztunnel: hyper's client defaults). None of the HTTP/2 settings tonic or
+/// hyper expose changes what an idle connection holds: windows are counters, 16 KiB frames are
+/// HTTP/2's minimum, and h2's codec buffers (16 KiB write, 8 KiB read, 4 KiB HPACK) are fixed
+/// (BENCHMARKS.md, T7).
 pub fn grpc_server() -> tonic::transport::Server {
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
@@ -170,6 +173,13 @@ impl AdsServer {
     {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let peer = peer.map(|a| a.to_string()).unwrap_or_default();
+        let (connection, responses) = self.connection(id, peer.clone());
+        let span = info_span!("xds", id, peer);
+        tokio::spawn(Box::new(connection).run(inbound).instrument(span));
+        responses
+    }
+
+    fn connection(&self, id: u64, peer: String) -> (Connection, Responses) {
         let (outbound, responses) = crate::push::outbound::queue();
         let connection = Connection {
             id,
@@ -178,10 +188,10 @@ impl AdsServer {
             dirty: BTreeSet::new(),
             pushed: false,
             outbound,
-            types: BTreeMap::new(),
+            types: PerType::new(),
             proxy: None,
             sent: 0,
-            status: self.registry.register(id, peer.clone()),
+            status: self.registry.register(id, peer),
             metrics: self.metrics.clone(),
             expires: self.max_stream_age.map(|age| jittered(age, id)),
             idle_timeout: self.idle_timeout,
@@ -189,9 +199,7 @@ impl AdsServer {
             scope_to_node: self.scope_to_node,
             shutdown: self.shutdown.clone(),
         };
-        let span = info_span!("xds", id, peer);
-        tokio::spawn(connection.run(inbound).instrument(span));
-        responses
+        (connection, responses)
     }
 }
 
@@ -265,7 +273,7 @@ struct Connection {
     /// Whether anything was sent for `latest` (for the convergence metric).
     pushed: bool,
     outbound: Outbound,
-    types: BTreeMap<TypeKind, TypeState>,
+    types: PerType<TypeState>,
     proxy: Option<ProxyInfo>,
     sent: u64,
     /// This connection's entry in the registry (removed when the task ends).
@@ -281,11 +289,13 @@ struct Connection {
 }
 
 impl Connection {
-    async fn run<S>(mut self, mut inbound: S)
+    /// Boxed: an async fn keeps its arguments twice (as given and as moved into its body), and
+    /// the task holds this future for the stream's life.
+    async fn run<S>(mut self: Box<Self>, mut inbound: S)
     where
         S: Stream<Item = Result<DeltaDiscoveryRequest, Inbound>> + Unpin,
     {
-        let Some(snapshot) = self.wait_ready().await else {
+        let Some(snapshot) = Box::pin(self.wait_ready()).await else {
             return;
         };
         self.latest = Some(snapshot);
@@ -315,7 +325,9 @@ impl Connection {
                 }
                 message = inbound.next() => match message {
                     Some(Ok(request)) => {
-                        if let Err(end) = self.on_request(request).await {
+                        // Boxed (as `push_dirty` below): awaited inline, their state would
+                        // sit in every idle connection's task.
+                        if let Err(end) = Box::pin(self.on_request(request)).await {
                             break end;
                         }
                     }
@@ -338,14 +350,14 @@ impl Connection {
                         }
                         self.latest = Some(latest);
                         self.pushed = false;
-                        self.dirty = self.types.keys().copied().collect();
+                        self.dirty = self.types.keys().collect();
                         self.publish_pending();
                     }
                 }
                 slot = outbound.reserve(), if !self.dirty.is_empty() => match slot {
                     Ok(slot) => {
                         waiting_since = None;
-                        if let Err(end) = self.push_dirty(slot).await {
+                        if let Err(end) = Box::pin(self.push_dirty(slot)).await {
                             break end;
                         }
                     }
@@ -371,8 +383,11 @@ impl Connection {
             }
             End::Error(status) => {
                 warn!(proxy, %status, "closing stream");
-                if let Ok(Ok(slot)) =
-                    tokio::time::timeout(Duration::from_secs(1), self.outbound.reserve()).await
+                if let Ok(Ok(slot)) = Box::pin(tokio::time::timeout(
+                    Duration::from_secs(1),
+                    self.outbound.reserve(),
+                ))
+                .await
                 {
                     slot.fail(status);
                 }
@@ -589,7 +604,7 @@ impl Connection {
         let names: Vec<String> = state.subscription.names.iter().cloned().collect();
         let nonce = state.last_nonce.clone();
         self.status.update(|s| {
-            let entry = s.types.entry(kind).or_insert_with(|| TypeStatus {
+            let entry = s.types.get_or_insert_with(kind, || TypeStatus {
                 wildcard,
                 names: Vec::new(),
                 sent_nonce: String::new(),
@@ -693,6 +708,25 @@ impl Connection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An idle stream's task holds its `run` future for the stream's life: the request and
+    /// push handlers are boxed so that their state is not part of it, and so is the connection
+    /// itself (an async fn keeps its arguments twice). In a debug build it was 2.4 KB.
+    #[tokio::test]
+    async fn an_idle_connection_task_is_small() {
+        let (_publish, snapshots) = tokio::sync::watch::channel(None);
+        let ads = AdsServer::new(
+            snapshots,
+            Arc::new(Registry::default()),
+            Arc::new(Metrics::new()),
+        );
+        let (connection, _responses) = ads.connection(1, String::new());
+        let inbound = crate::push::route::Requests::new(tonic::body::Body::empty());
+        let task = Box::new(connection).run(inbound);
+        let size = std::mem::size_of_val(&task);
+        eprintln!("connection task: {size} B");
+        assert!(size < 1536, "the connection task's future is {size} B");
+    }
 
     #[test]
     fn stream_ages_are_spread_within_ten_percent() {
