@@ -16,22 +16,13 @@ mod chart_support;
 mod kube_support;
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
-use ambientd::app::{self, Running};
-use ambientd::ca::CaConfig;
-use ambientd::config::Config;
-use ambientd::kube::cluster::{ClusterConfig, Retry};
-use ambientd::kube::leader::LeaderConfig;
-use ambientd::kube::writes::ClusterWrites;
 use ambientd::pb::istio::v1::auth::istio_certificate_service_client::IstioCertificateServiceClient;
 use chart_support::{Object, engine, rbac_allows};
 use kube_support::FakeApiServer;
+use kube_support::replica::{SYSTEM, WAIT, replica, until};
 use serde_json::{Value, json};
 
-const WAIT: Duration = Duration::from_secs(30);
-const SYSTEM: &str = "istio-system";
 const ROOT_CM: &str = "istio-ca-root-cert";
 /// Namespaces that get the root ConfigMap (besides the system namespace).
 const APPS: [&str; 2] = ["ns", "other"];
@@ -39,59 +30,6 @@ const APPS: [&str; 2] = ["ns", "other"];
 /// Rules no call in the log shows, kept on purpose: (verb, group, resource, why). None today:
 /// every rule of the chart is used by the scenario.
 const RESERVED: [(&str, &str, &str, &str); 0] = [];
-
-struct Replica {
-    running: Running,
-    ca_dir: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-async fn replica(fake: &FakeApiServer, identity: &str) -> Replica {
-    let dir = tempfile::tempdir().unwrap();
-    let ca_dir = dir.path().join("ca");
-    let mut config = Config::cluster(ClusterConfig {
-        kubeconfig: Some(fake.kubeconfig(dir.path())),
-        retry: Retry::Exponential {
-            initial: Duration::from_millis(50),
-            max: Duration::from_millis(400),
-        },
-        ..ClusterConfig::default()
-    });
-    config.settings.system_namespace = SYSTEM.into();
-    config.ca = Some(CaConfig::local(&ca_dir));
-    // Every write on, as the chart's defaults run them.
-    config.writes = Some(ClusterWrites {
-        leader: Some(LeaderConfig {
-            identity: identity.into(),
-            lease_duration: Duration::from_secs(2),
-            renew_grace: Duration::from_secs(1),
-            ..LeaderConfig::new(SYSTEM)
-        }),
-        ca_secrets: true,
-        root_configmaps: true,
-        status: true,
-        backoff: Duration::from_millis(50),
-        max_backoff: Duration::from_millis(500),
-        ..ClusterWrites::new(SYSTEM)
-    });
-    let running = tokio::time::timeout(WAIT, app::start(config))
-        .await
-        .expect("ambientd started in time")
-        .expect("ambientd starts");
-    Replica {
-        running,
-        ca_dir,
-        _dir: dir,
-    }
-}
-
-async fn until(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 /// A mesh whose every status kind has something to say: a waypoint for all traffic, and a
 /// Service, a ServiceEntry and a WorkloadEntry that use it; a policy ztunnel enforces.
@@ -165,7 +103,7 @@ async fn exercise() -> BTreeSet<kube_support::ApiCall> {
     let fake = FakeApiServer::start().await;
     seed(&fake);
     fake.add_token("ztunnel-token", ztunnel_review());
-    let (a, b) = tokio::join!(replica(&fake, "a"), replica(&fake, "b"));
+    let (a, b) = tokio::join!(replica(&fake, "a", &[]), replica(&fake, "b", &[]));
 
     // Leader election: one of them leads.
     until("a leader", || {

@@ -6,79 +6,14 @@
 
 mod kube_support;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ambientd::app::{self, Running};
-use ambientd::ca::CaConfig;
-use ambientd::config::Config;
-use ambientd::kube::cluster::{ClusterConfig, DiscoverySelectors, Retry};
-use ambientd::kube::leader::LeaderConfig;
-use ambientd::kube::writes::ClusterWrites;
 use k8s_openapi::ByteString;
 use kube_support::FakeApiServer;
+use kube_support::replica::{Replica, SYSTEM, replica, until};
 use serde_json::{Value, json};
 
-const WAIT: Duration = Duration::from_secs(20);
-const FAST: Retry = Retry::Exponential {
-    initial: Duration::from_millis(50),
-    max: Duration::from_millis(400),
-};
-const SYSTEM: &str = "istio-system";
 const ROOT_CM: &str = "istio-ca-root-cert";
-
-struct Replica {
-    running: Running,
-    ca_dir: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Replica {
-    /// The root bundle this replica hands its clients.
-    fn root(&self) -> String {
-        std::fs::read_to_string(self.ca_dir.join("root-cert.pem")).expect("root-cert.pem")
-    }
-}
-
-async fn replica(fake: &FakeApiServer, identity: &str, selectors: &[&str]) -> Replica {
-    let dir = tempfile::tempdir().unwrap();
-    let ca_dir = dir.path().join("ca");
-    let mut config = Config::cluster(ClusterConfig {
-        kubeconfig: Some(fake.kubeconfig(dir.path())),
-        retry: FAST,
-        discovery_selectors: DiscoverySelectors::parse_all(selectors).unwrap(),
-        ..ClusterConfig::default()
-    });
-    config.ca = Some(CaConfig::local(&ca_dir));
-    config.writes = Some(ClusterWrites {
-        leader: Some(LeaderConfig {
-            identity: identity.into(),
-            lease_duration: Duration::from_secs(2),
-            renew_grace: Duration::from_secs(1),
-            ..LeaderConfig::new(SYSTEM)
-        }),
-        backoff: Duration::from_millis(50),
-        max_backoff: Duration::from_millis(500),
-        ..ClusterWrites::new(SYSTEM)
-    });
-    let running = tokio::time::timeout(WAIT, app::start(config))
-        .await
-        .expect("ambientd started in time")
-        .expect("ambientd starts");
-    Replica {
-        running,
-        ca_dir,
-        _dir: dir,
-    }
-}
-
-async fn until(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 fn namespace(name: &str, labels: Value) -> Value {
     json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})

@@ -5,13 +5,14 @@
 
 mod kube_support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ambientd::app::{self, Running};
 use ambientd::config::Config;
 use ambientd::kube::cluster::{ClusterConfig, Retry};
 use ambientd::kube::writes::ClusterWrites;
 use kube_support::FakeApiServer;
+use kube_support::replica::until;
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -84,14 +85,6 @@ fn condition(
         .iter()
         .find(|c| c["type"] == ty)
         .cloned()
-}
-
-async fn until(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test]

@@ -13,6 +13,7 @@ mod http;
 mod log;
 mod net;
 mod patch;
+pub mod replica;
 mod write;
 
 pub use log::{ApiCall, Request};
