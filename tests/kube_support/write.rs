@@ -257,17 +257,7 @@ pub(super) fn handle(
             let old = stored(&state, name).ok_or_else(|| not_found_object(&resource, name))?;
             let new = parse_body(body, headers)?;
             check_version(&new, &old, &resource, name)?;
-            let object = if status_only {
-                let mut object = old.clone();
-                object["status"] = new["status"].clone();
-                object
-            } else {
-                let mut object = new;
-                if !old["status"].is_null() {
-                    object["status"] = old["status"].clone();
-                }
-                object
-            };
+            let object = status_split(new, &old, status_only);
             let object = prepared(object, &resource, &namespace, name, Some(&old));
             let owners = changed_leaves(&old, &object);
             Ok((
@@ -386,13 +376,7 @@ pub(super) fn handle(
                 }
             }
             check_version(&object, &old, &resource, name)?;
-            if status_only {
-                let status = object["status"].clone();
-                object = old.clone();
-                object["status"] = status;
-            } else if !old["status"].is_null() {
-                object["status"] = old["status"].clone();
-            }
+            let object = status_split(object, &old, status_only);
             let object = prepared(object, &resource, &namespace, name, Some(&old));
             let owners = changed_leaves(&old, &object);
             Ok((
@@ -578,5 +562,21 @@ fn parse_body(body: &[u8], headers: &HeaderMap) -> Result<Value, Refusal> {
                 .ok_or_else(|| error_response(400, "BadRequest", &e.to_string()))
         }
         Err(e) => Err(error_response(400, "BadRequest", &e.to_string())),
+    }
+}
+
+/// A write through `/status` changes only the status (the rest stays `old`); a write to the
+/// object itself changes everything but the status, as the API server does.
+fn status_split(new: Value, old: &Value, status_only: bool) -> Value {
+    if status_only {
+        let mut object = old.clone();
+        object["status"] = new["status"].clone();
+        object
+    } else {
+        let mut object = new;
+        if !old["status"].is_null() {
+            object["status"] = old["status"].clone();
+        }
+        object
     }
 }
