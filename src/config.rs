@@ -132,8 +132,9 @@ pub struct ServeArgs {
     #[arg(long, env = "AMBIENTD_MAX_CONNECTION_AGE", default_value = "30m", value_parser = short_duration)]
     pub max_connection_age: Duration,
 
-    /// A proxy that reads no response for this long is dropped with a log line, so a stuck
-    /// client's buffers stay bounded. `0` never drops.
+    /// A proxy that, while changes wait for it, reads or acknowledges no response for this
+    /// long is dropped with a log line, so a stuck client's buffers stay bounded. `0` never
+    /// drops.
     #[arg(long, env = "AMBIENTD_STREAM_IDLE_TIMEOUT", default_value = "5m", value_parser = short_duration)]
     pub stream_idle_timeout: Duration,
 

@@ -121,14 +121,20 @@ async fn initial_sync_delivers_both_types() {
     let svc = service(&decoded[WEB_SVC]);
     assert_eq!(svc.hostname, "web.demo.svc.cluster.local");
     assert_eq!(svc.addresses[0].address.as_ref(), &[10, 96, 0, 10]);
-    // Each resource carries its content version and network/ip aliases.
+    // Each resource carries its content version (istiod's: hex xxhash64 of the Any's value).
+    // Aliases are not sent (ztunnel never reads them), nor is system_version_info.
     let web1_resource = addresses_response
         .resources
         .iter()
         .find(|r| r.name == WEB_1)
         .unwrap();
-    assert!(!web1_resource.version.is_empty());
-    assert_eq!(web1_resource.aliases, vec!["/10.244.1.10"]);
+    let value = &web1_resource.resource.as_ref().unwrap().value;
+    assert_eq!(
+        web1_resource.version,
+        format!("{:x}", xxhash_rust::xxh64::xxh64(value, 0))
+    );
+    assert!(web1_resource.aliases.is_empty());
+    assert!(addresses_response.system_version_info.is_empty());
 
     let (code, _) = http_get(running.debug_address, "/ready").await;
     assert_eq!(code, 200);
@@ -606,9 +612,10 @@ async fn change_and_follow(
     }
 }
 
-/// A proxy that stops reading while one pod changes 100 times: the other proxy gets every
-/// change promptly; the stuck one holds at most one queued response and one changed name
-/// (never a backlog), and once it reads again it receives that pod once, at its last version.
+/// A proxy that stops reading (and so acknowledges nothing) while one pod changes 100 times:
+/// the other proxy gets every change promptly; the stuck one holds at most one queued response
+/// and the names that changed (never a backlog), and once it reads again it receives each
+/// changed pod once, at its last version.
 #[tokio::test]
 async fn a_stuck_client_coalesces_per_name_in_bounded_memory_and_delays_no_one() {
     const WEB_FILE: (&str, &str, &str, &str, &str) =
@@ -633,45 +640,114 @@ async fn a_stuck_client_coalesces_per_name_in_bounded_memory_and_delays_no_one()
         .min()
         .expect("two connections");
 
-    // The initial Address response fills the client's window; HTTP/2 and hyper hold it and the
-    // Authorization response. One more change fills the stream's one-slot queue.
+    // The initial Address response fills the client's window; HTTP/2 holds it, and the
+    // Authorization response waits in the one-slot queue or behind it. Neither is ACKed, so
+    // no further response is made: changes are noted by name.
     change_and_follow(&mesh, &mut healthy, WEB_FILE, "fill").await;
+    for round in 0..100 {
+        change_and_follow(&mesh, &mut healthy, DB_FILE, &format!("r{round}")).await;
+        let pending = pending_of(&running, stuck_id);
+        assert!(pending.queued_responses <= 1, "round {round}: {pending:?}");
+        // At most the small initial Authorization response, never a backlog of db-1 versions.
+        assert!(pending.queued_bytes < 2048, "round {round}: {pending:?}");
+        // Two names changed, however often: the pending state does not grow with the updates.
+        assert!(pending.changed_names <= 2, "round {round}: {pending:?}");
+    }
+    // The last change reached the stuck connection too (it was noted, not sent).
     let deadline = std::time::Instant::now() + WAIT;
-    while pending_of(&running, stuck_id).queued_responses == 0 {
+    while pending_of(&running, stuck_id).changed_names != 2 {
         assert!(
             std::time::Instant::now() < deadline,
-            "the stuck stream never queued a response"
+            "web-1 and db-1 never noted: {:?}",
+            pending_of(&running, stuck_id)
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    for round in 0..100 {
-        change_and_follow(&mesh, &mut healthy, DB_FILE, &format!("r{round}")).await;
-        let pending = pending_of(&running, stuck_id);
-        assert_eq!(pending.queued_responses, 1, "round {round}: {pending:?}");
-        // The queued response is the one web-1 change, not a backlog of db-1 versions.
-        assert!(pending.queued_bytes < 2048, "round {round}: {pending:?}");
-        // One name changed, however often: the pending state does not grow with the updates.
-        assert!(pending.changed_names <= 1, "round {round}: {pending:?}");
-    }
-    // The last change reached the stuck connection too (it was noted, not sent).
-    let deadline = std::time::Instant::now() + WAIT;
-    while pending_of(&running, stuck_id).changed_names != 1 {
-        assert!(std::time::Instant::now() < deadline, "db-1 never noted");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-
-    // Reading again: the initial responses, web-1's change, then db-1 once, at its last version.
+    // Reading again: the initial responses, then web-1 and db-1 once each, at their last
+    // versions, in one response.
     let (initial, _) = stuck.initial_sync().await;
     assert_eq!(revision_of(&initial, DB_1).as_deref(), Some("v1"));
-    let fill = stuck.recv().await;
-    assert_eq!(names(&fill), vec![WEB_1]);
-    stuck.ack(&fill).await;
     let update = stuck.recv().await;
-    assert_eq!(names(&update), vec![DB_1]);
+    let mut changed = names(&update);
+    changed.sort();
+    assert_eq!(changed, vec![DB_1, WEB_1]);
     assert_eq!(revision_of(&update, DB_1).as_deref(), Some("r99"));
+    assert_eq!(revision_of(&update, WEB_1).as_deref(), Some("fill"));
     stuck.ack(&update).await;
     stuck.expect_silence(Duration::from_millis(700)).await;
+    running.stop().await;
+}
+
+/// The revision of `uid` in the newest snapshot, if it is there.
+fn snapshot_revision(running: &ambientd::app::Running, uid: &str) -> Option<String> {
+    use prost::Message;
+    let snapshot = running.snapshots.borrow().clone()?;
+    let resource = snapshot
+        .resources(ambientd::discovery::names::TypeKind::Address)
+        .get(uid)?
+        .clone();
+    let address = ambientd::pb::workload::Address::decode(resource.value.clone()).ok()?;
+    Some(workload(&address).canonical_revision.clone())
+}
+
+/// A proxy that reads but has not acknowledged its last response gets nothing more of that
+/// type: changes coalesce in the server (not in HTTP/2's buffers, which hyper lets grow to
+/// 400 KiB a stream), and the ACK releases one response with each changed resource at its
+/// latest version. Every ztunnel ACKs or NACKs every response.
+#[tokio::test]
+async fn changes_wait_for_the_ack_of_the_last_response_and_coalesce() {
+    let mesh = mesh();
+    let running = start(mesh.root()).await;
+    let mut client = XdsClient::connect(&running).await;
+    client.subscribe_wildcard(BTreeMap::new()).await;
+    client.initial_sync().await;
+    mesh.write("pods/db.yaml", &pod("db-1", "10.244.1.20", "db", "v2"));
+    let first = client.recv().await;
+    assert_eq!(names(&first), vec![DB_1]);
+    assert_eq!(revision_of(&first, DB_1).as_deref(), Some("v2"));
+
+    // Not ACKed yet: twenty more changes, each in the server's snapshot, none sent.
+    for v in 3..=22 {
+        let version = format!("v{v}");
+        mesh.write("pods/db.yaml", &pod("db-1", "10.244.1.20", "db", &version));
+        let deadline = std::time::Instant::now() + WAIT;
+        while snapshot_revision(&running, DB_1).as_deref() != Some(version.as_str()) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{version} never reached the snapshot"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    client.expect_silence(Duration::from_millis(300)).await;
+
+    // The ACK releases exactly one response: db-1 at its last version.
+    client.ack(&first).await;
+    let update = client.recv().await;
+    assert_eq!(names(&update), vec![DB_1]);
+    assert_eq!(revision_of(&update, DB_1).as_deref(), Some("v22"));
+    client.ack(&update).await;
+    client.expect_silence(Duration::from_millis(500)).await;
+
+    // A NACK releases the next response as well.
+    mesh.write("pods/db.yaml", &pod("db-1", "10.244.1.20", "db", "v23"));
+    let rejected = client.recv().await;
+    mesh.write("pods/db.yaml", &pod("db-1", "10.244.1.20", "db", "v24"));
+    client.nack(&rejected, "rejected for the test").await;
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let next = tokio::time::timeout(
+            deadline.saturating_duration_since(std::time::Instant::now()),
+            client.recv(),
+        )
+        .await
+        .expect("nothing sent after the NACK");
+        client.ack(&next).await;
+        if revision_of(&next, DB_1).as_deref() == Some("v24") {
+            break;
+        }
+    }
     running.stop().await;
 }
 

@@ -7,6 +7,7 @@
 pub mod indexer;
 pub mod outbound;
 pub mod registry;
+pub mod response;
 pub mod route;
 pub mod server;
 pub mod subscription;

@@ -11,19 +11,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use futures::Stream;
-use prost::Message;
 use tokio::sync::mpsc;
 use tonic::Status;
-
-use crate::pb::xds::DeltaDiscoveryResponse;
 
 /// Responses queued per stream beyond the one the encoder is writing.
 pub const QUEUE: usize = 1;
 
-/// Boxed: tokio's channel allocates a block of 32 slots up front, which for the unboxed pair
-/// (about 125 B) is 4 KB per stream for a queue that holds one.
-type Item = Box<(usize, Result<DeltaDiscoveryResponse, Status>)>;
+/// A response already framed as a gRPC message ([`crate::push::response`]), or the status that
+/// ends the stream. Boxed: tokio's channel allocates a block of 32 slots up front, 32 × the
+/// item's size per stream for a queue that holds one.
+type Item = Box<Result<Bytes, Status>>;
 
 /// The sending half, owned by the connection task.
 #[derive(Clone)]
@@ -84,28 +83,28 @@ impl Outbound {
 }
 
 impl Slot {
-    /// Queues a response.
-    pub fn send(self, response: DeltaDiscoveryResponse) {
-        let size = response.encoded_len();
-        self.queued_bytes.fetch_add(size, Ordering::Relaxed);
-        self.permit.send(Box::new((size, Ok(response))));
+    /// Queues a response, framed ([`crate::push::response::Outgoing::frame`]).
+    pub fn send(self, frame: Bytes) {
+        self.queued_bytes.fetch_add(frame.len(), Ordering::Relaxed);
+        self.permit.send(Box::new(Ok(frame)));
     }
 
     /// Queues the status that ends the stream.
     pub fn fail(self, status: Status) {
-        self.permit.send(Box::new((0, Err(status))));
+        self.permit.send(Box::new(Err(status)));
     }
 }
 
 impl Stream for Responses {
-    type Item = Result<DeltaDiscoveryResponse, Status>;
+    type Item = Result<Bytes, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         match self.rx.poll_recv(cx) {
             Poll::Ready(Some(boxed)) => {
-                let (size, item) = *boxed;
-                self.queued_bytes.fetch_sub(size, Ordering::Relaxed);
-                Poll::Ready(Some(item))
+                if let Ok(frame) = &*boxed {
+                    self.queued_bytes.fetch_sub(frame.len(), Ordering::Relaxed);
+                }
+                Poll::Ready(Some(*boxed))
             }
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => Poll::Pending,
@@ -118,12 +117,10 @@ mod tests {
     use super::*;
     use futures::StreamExt;
 
-    fn response(nonce: &str, payload: usize) -> DeltaDiscoveryResponse {
-        DeltaDiscoveryResponse {
-            nonce: nonce.into(),
-            removed_resources: vec!["x".repeat(payload)],
-            ..Default::default()
-        }
+    fn response(nonce: &str, payload: usize) -> Bytes {
+        let mut frame = nonce.as_bytes().to_vec();
+        frame.resize(payload.max(nonce.len()), b'x');
+        Bytes::from(frame)
     }
 
     #[tokio::test]
@@ -131,12 +128,12 @@ mod tests {
         let (outbound, mut responses) = queue();
         outbound.reserve().await.unwrap().send(response("1", 1000));
         assert_eq!(outbound.queued(), 1);
-        assert!(outbound.queued_bytes() > 1000);
+        assert_eq!(outbound.queued_bytes(), 1000);
         // Full: no second slot until the encoder takes the first.
         let second = tokio::time::timeout(std::time::Duration::from_millis(50), outbound.reserve());
         assert!(second.await.is_err(), "a second response was queued");
         let first = responses.next().await.unwrap().unwrap();
-        assert_eq!(first.nonce, "1");
+        assert!(first.starts_with(b"1"));
         assert_eq!((outbound.queued(), outbound.queued_bytes()), (0, 0));
         outbound.reserve().await.unwrap().send(response("2", 10));
         assert_eq!(outbound.queued(), 1);

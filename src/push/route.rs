@@ -4,8 +4,8 @@
 //! tonic encodes a stream's messages into one buffer per stream that grows to the largest
 //! message and never shrinks: every stream would hold memory the size of its initial response
 //! (about 0.45 KiB per resource) for as long as it lives, and a stream that once got a big
-//! batch would keep that too. Here each response is encoded into a buffer of exactly its size,
-//! which HTTP/2 frees once written. Requests are decoded here for the same reason: tonic's
+//! batch would keep that too. Here each response arrives already framed, in a buffer of exactly
+//! its size ([`crate::push::response`]), which HTTP/2 frees once written. Requests are decoded here for the same reason: tonic's
 //! decode buffer would keep the size of the largest request (a reconnect's
 //! `initial_resource_versions`, megabytes at 100k resources) for the stream's life. Every
 //! other method goes to the generated server.
@@ -14,7 +14,7 @@ use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use futures::Stream;
 use http_body::Frame;
 use prost::Message;
@@ -23,8 +23,8 @@ use tonic::body::Body;
 use tonic::codegen::{Service, http};
 use tonic::server::NamedService;
 
+use crate::pb::xds::DeltaDiscoveryRequest;
 use crate::pb::xds::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
-use crate::pb::xds::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 use crate::push::outbound::Responses;
 use crate::push::server::{AdsServer, Inbound};
 
@@ -97,18 +97,6 @@ struct Framed {
     done: bool,
 }
 
-/// `response` as one gRPC message (uncompressed flag, length, bytes) in a buffer of its size.
-fn frame(response: &DeltaDiscoveryResponse) -> Bytes {
-    let len = response.encoded_len();
-    let mut buf = BytesMut::with_capacity(5 + len);
-    buf.put_u8(0);
-    buf.put_u32(len as u32);
-    response
-        .encode(&mut buf)
-        .expect("the buffer has the message's exact size");
-    buf.freeze()
-}
-
 fn trailers(status: &Status) -> Frame<Bytes> {
     let mut headers = http::HeaderMap::new();
     if status.add_header(&mut headers).is_err() {
@@ -129,7 +117,7 @@ impl http_body::Body for Framed {
             return Poll::Ready(None);
         }
         match Pin::new(&mut self.responses).poll_next(cx) {
-            Poll::Ready(Some(Ok(response))) => Poll::Ready(Some(Ok(Frame::data(frame(&response))))),
+            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(Frame::data(frame)))),
             Poll::Ready(Some(Err(status))) => {
                 self.done = true;
                 Poll::Ready(Some(Ok(trailers(&status))))

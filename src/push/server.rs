@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::{Stream, StreamExt};
+use prost::Message;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -27,6 +28,7 @@ use crate::pb::xds::{
 use crate::push::indexer::Snapshots;
 use crate::push::outbound::{Outbound, Responses, Slot};
 use crate::push::registry::{ClientView, Handle, Pending, Registry, TypeStatus};
+use crate::push::response::Outgoing;
 use crate::push::subscription::{Delta, RequestKind, TypeState, classify, split};
 
 /// ztunnel's maximum decoding message size (spec: 200 MiB). A response whose resources exceed
@@ -107,7 +109,8 @@ impl AdsServer {
         self
     }
 
-    /// Drops a stream whose proxy has not read a waiting response for `idle`; `None` never.
+    /// Drops a stream whose proxy, while changes wait for it, has neither read the queued
+    /// response nor acknowledged the last one for `idle`; `None` never.
     pub fn with_idle_timeout(mut self, idle: Option<Duration>) -> Self {
         self.idle_timeout = idle.filter(|i| !i.is_zero());
         self
@@ -133,7 +136,7 @@ type SotwStream = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> +
 #[tonic::async_trait]
 impl AggregatedDiscoveryService for AdsServer {
     type StreamAggregatedResourcesStream = SotwStream;
-    type DeltaAggregatedResourcesStream = Responses;
+    type DeltaAggregatedResourcesStream = DeltaStream;
 
     async fn stream_aggregated_resources(
         &self,
@@ -153,9 +156,18 @@ impl AggregatedDiscoveryService for AdsServer {
         let inbound = request
             .into_inner()
             .map(|item| item.map_err(Inbound::Transport));
-        Ok(Response::new(self.open(peer, inbound)))
+        // Only reached through the generated server: `route` serves this method itself,
+        // writing the framed responses as they are.
+        let responses = self.open(peer, inbound).map(|frame| {
+            let frame = frame?;
+            DeltaDiscoveryResponse::decode(frame.slice(5..))
+                .map_err(|e| Status::internal(format!("re-decoding a response: {e}")))
+        });
+        Ok(Response::new(Box::pin(responses)))
     }
 }
+
+type DeltaStream = Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
 
 /// A request as a connection reads it: decoded, or why not.
 pub enum Inbound {
@@ -255,7 +267,7 @@ enum End {
     /// ambientd is shutting down: the stream ends with OK and the connection gets GOAWAY, so
     /// ztunnel reconnects, to another replica.
     Shutdown,
-    /// The proxy read nothing for this long while a response waited.
+    /// The proxy read or acknowledged nothing for this long while changes waited.
     Idle(Duration),
     /// A protocol error, reported to the client as a gRPC status.
     Error(Status),
@@ -354,7 +366,7 @@ impl Connection {
                         self.publish_pending();
                     }
                 }
-                slot = outbound.reserve(), if !self.dirty.is_empty() => match slot {
+                slot = outbound.reserve(), if self.can_push() => match slot {
                     Ok(slot) => {
                         waiting_since = None;
                         if let Err(end) = Box::pin(self.push_dirty(slot)).await {
@@ -378,7 +390,7 @@ impl Connection {
                 warn!(
                     proxy,
                     ?idle,
-                    "dropping stream: the proxy has not read a response for the idle timeout"
+                    "dropping stream: changes waited the idle timeout for the proxy to read or acknowledge a response"
                 );
             }
             End::Error(status) => {
@@ -393,6 +405,22 @@ impl Connection {
                 }
             }
         }
+    }
+
+    /// The first dirty type (Address before Authorization) whose last response the proxy has
+    /// answered. A type whose response is still unacknowledged stays dirty: its changes
+    /// coalesce here, so the proxy's HTTP/2 buffers (hyper lets a stream queue up to 400 KiB)
+    /// never fill with responses that later ones supersede, and the next response, once the
+    /// ACK comes, carries only the latest version of each changed resource.
+    fn next_pushable(&self) -> Option<TypeKind> {
+        self.dirty
+            .iter()
+            .copied()
+            .find(|kind| self.types.get(kind).is_none_or(|s| !s.awaiting_ack))
+    }
+
+    fn can_push(&self) -> bool {
+        self.next_pushable().is_some()
     }
 
     /// Holds the stream until the first snapshot exists. `None` if the server shuts down.
@@ -478,6 +506,9 @@ impl Connection {
             }
             RequestKind::Ack(kind) => {
                 debug!(%kind, nonce = request.response_nonce, "ack");
+                if let Some(state) = self.types.get_mut(&kind) {
+                    state.awaiting_ack = false;
+                }
                 let nonce = request.response_nonce.clone();
                 self.status.update(|s| {
                     if let Some(t) = s.types.get_mut(&kind) {
@@ -499,6 +530,9 @@ impl Connection {
             RequestKind::Nack { kind, message } => {
                 let proxy = self.proxy.as_ref().map(|p| p.id.as_str()).unwrap_or("");
                 warn!(proxy, %kind, nonce = request.response_nonce, error = message, "proxy rejected resources (NACK); not re-sending them");
+                if let Some(state) = self.types.get_mut(&kind) {
+                    state.awaiting_ack = false;
+                }
                 self.metrics
                     .rejects
                     .get_or_create(&TypeLabel::of(kind))
@@ -556,9 +590,10 @@ impl Connection {
         let snapshot = self.snapshot();
         let mut slot = Some(slot);
         while slot.is_some() {
-            let Some(kind) = self.dirty.pop_first() else {
+            let Some(kind) = self.next_pushable() else {
                 break;
             };
+            self.dirty.remove(&kind);
             let started = Instant::now();
             let Some(state) = self.types.get_mut(&kind) else {
                 continue;
@@ -655,42 +690,29 @@ impl Connection {
         let count = parts.len();
         for (i, part) in parts.into_iter().enumerate() {
             self.sent += 1;
-            let nonce = format!("{}-{}-{}", snapshot.generation, self.id, self.sent);
-            if let Some(state) = self.types.get_mut(&kind) {
-                state.last_nonce = nonce.clone();
-            }
+            let nonce = format!("{:x}", self.sent);
             debug!(
                 %kind,
                 nonce,
+                generation = snapshot.generation,
                 resources = part.resources.len(),
                 removed = part.removed.len(),
                 part = i + 1,
                 of = count,
                 "push"
             );
-            let response = DeltaDiscoveryResponse {
-                system_version_info: snapshot.generation.to_string(),
-                type_url: kind.type_url().to_string(),
-                nonce,
-                removed_resources: part.removed,
-                resources: part
-                    .resources
-                    .iter()
-                    .map(|r| crate::pb::xds::Resource {
-                        name: r.name.clone(),
-                        version: r.version.clone(),
-                        aliases: r.aliases.clone(),
-                        resource: Some(r.any()),
-                        ttl: None,
-                        cache_control: None,
-                    })
-                    .collect(),
-            };
-            let bytes: usize = response
-                .resources
-                .iter()
-                .map(|r| r.resource.as_ref().map_or(0, |a| a.value.len()))
-                .sum();
+            let frame = Outgoing {
+                type_url: kind.type_url(),
+                nonce: &nonce,
+                resources: &part.resources,
+                removed: &part.removed,
+            }
+            .frame();
+            let bytes: usize = part.resources.iter().map(|r| r.value.len()).sum();
+            if let Some(state) = self.types.get_mut(&kind) {
+                state.last_nonce = nonce;
+                state.awaiting_ack = true;
+            }
             self.publish_status(kind);
             // A proxy that reads nothing for the idle timeout is dropped: its buffers stay
             // bounded and it reconnects (or not) on its own.
@@ -698,7 +720,7 @@ impl Connection {
                 Some(slot) => slot,
                 None => self.reserve().await?,
             };
-            room.send(response);
+            room.send(frame);
             self.metrics.record_push(kind, started.elapsed(), bytes);
         }
         Ok(())

@@ -124,6 +124,9 @@ pub struct TypeState {
     held: HashMap<String, String>,
     /// The nonce of the last response sent.
     pub last_nonce: String,
+    /// Whether the last response sent is not yet ACKed or NACKed. While it is, snapshot
+    /// changes wait (coalescing) instead of queueing behind it in HTTP/2's buffers.
+    pub awaiting_ack: bool,
     /// The generation of the newest snapshot noted.
     seen: u64,
     /// Names changed between the client's view and snapshot `seen`, each once however often it
@@ -167,6 +170,7 @@ impl TypeState {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
             last_nonce: String::new(),
+            awaiting_ack: false,
             seen: 0,
             changed: Some(BTreeSet::new()),
             node: None,
@@ -394,13 +398,9 @@ impl TypeState {
 /// initial request is answered even when there is nothing to send.
 pub fn split(delta: Delta, max_bytes: usize) -> Vec<Delta> {
     let size = |r: &Resource| {
-        // The Any and its type URL, name, version, aliases, and each field's tag and length.
-        r.value.len()
-            + r.type_url.len()
-            + r.name.len()
-            + r.version.len()
-            + r.aliases.iter().map(|a| a.len() + 2).sum::<usize>()
-            + 16
+        // The Any and its type URL, name, version, and each field's tag and length (aliases
+        // are not sent: `push::response`).
+        r.value.len() + r.type_url.len() + r.name.len() + r.version.len() + 16
     };
     let total: usize = delta.resources.iter().map(|r| size(r)).sum();
     if total <= max_bytes {

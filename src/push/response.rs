@@ -1,0 +1,216 @@
+//! A `DeltaDiscoveryResponse` encoded straight from the snapshot's shared resources.
+//!
+//! Each resource's payload is encoded once, when the index builds it ([`Resource::value`]).
+//! A response is written from those bytes into one buffer of exactly its size, already framed
+//! as a gRPC message: no `DeltaDiscoveryResponse` is built, so a delivery costs no string
+//! clones or allocations per resource, only copies into that buffer. The bytes are what prost
+//! would encode for the same message (tested below), so every decoder reads them as usual.
+//!
+//! What is left out, against istiod: `system_version_info` and each resource's `aliases`.
+//! ztunnel reads neither (spec/xds.md §1: it ignores `system_version_info`, and builds its IP
+//! index from the message contents, never from aliases), and together they were about 20 B of
+//! every ~420 B single-workload response to every proxy (BENCHMARKS.md, T5). Aliases still
+//! serve on-demand `network/ip` lookups inside ambientd ([`Resource::aliases`]). The nonce is
+//! the connection's response counter in hex: ztunnel only echoes it.
+
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
+
+use crate::discovery::Resource;
+
+// Field numbers (spec/wire.md).
+const RESPONSE_RESOURCES: u32 = 2;
+const RESPONSE_TYPE_URL: u32 = 4;
+const RESPONSE_NONCE: u32 = 5;
+const RESPONSE_REMOVED: u32 = 6;
+const RESOURCE_VERSION: u32 = 1;
+const RESOURCE_ANY: u32 = 2;
+const RESOURCE_NAME: u32 = 3;
+const ANY_TYPE_URL: u32 = 1;
+const ANY_VALUE: u32 = 2;
+
+/// One response: a type's resources to add or update, and names to remove.
+#[derive(Debug)]
+pub struct Outgoing<'a> {
+    pub type_url: &'a str,
+    pub nonce: &'a str,
+    pub resources: &'a [Arc<Resource>],
+    pub removed: &'a [String],
+}
+
+/// Length of a length-delimited field holding `len` bytes.
+fn field_len(tag: u32, len: usize) -> usize {
+    key_len(tag) + encoded_len_varint(len as u64) + len
+}
+
+/// A string or bytes field; empty ones are not written (proto3 defaults).
+fn put_field(buf: &mut BytesMut, tag: u32, bytes: &[u8]) {
+    if bytes.is_empty() {
+        return;
+    }
+    encode_key(tag, WireType::LengthDelimited, buf);
+    encode_varint(bytes.len() as u64, buf);
+    buf.put_slice(bytes);
+}
+
+fn opt_len(tag: u32, len: usize) -> usize {
+    if len == 0 { 0 } else { field_len(tag, len) }
+}
+
+/// The encoded `Any` of a resource.
+fn any_len(r: &Resource) -> usize {
+    opt_len(ANY_TYPE_URL, r.type_url.len()) + opt_len(ANY_VALUE, r.value.len())
+}
+
+/// The encoded `Resource` message (version, the `Any`, name).
+fn resource_len(r: &Resource) -> usize {
+    opt_len(RESOURCE_VERSION, r.version.len())
+        + field_len(RESOURCE_ANY, any_len(r))
+        + opt_len(RESOURCE_NAME, r.name.len())
+}
+
+impl Outgoing<'_> {
+    /// The encoded message's length (without the gRPC frame header).
+    pub fn encoded_len(&self) -> usize {
+        self.resources
+            .iter()
+            .map(|r| field_len(RESPONSE_RESOURCES, resource_len(r)))
+            .sum::<usize>()
+            + opt_len(RESPONSE_TYPE_URL, self.type_url.len())
+            + opt_len(RESPONSE_NONCE, self.nonce.len())
+            + self
+                .removed
+                .iter()
+                .map(|n| field_len(RESPONSE_REMOVED, n.len()))
+                .sum::<usize>()
+    }
+
+    /// The message as one gRPC frame (uncompressed flag, length, bytes) in a buffer of exactly
+    /// its size. Fields in field-number order, as prost writes them.
+    pub fn frame(&self) -> Bytes {
+        let len = self.encoded_len();
+        let mut buf = BytesMut::with_capacity(5 + len);
+        buf.put_u8(0);
+        buf.put_u32(u32::try_from(len).expect("responses are split below 4 GiB"));
+        for r in self.resources {
+            encode_key(RESPONSE_RESOURCES, WireType::LengthDelimited, &mut buf);
+            encode_varint(resource_len(r) as u64, &mut buf);
+            put_field(&mut buf, RESOURCE_VERSION, r.version.as_bytes());
+            encode_key(RESOURCE_ANY, WireType::LengthDelimited, &mut buf);
+            encode_varint(any_len(r) as u64, &mut buf);
+            put_field(&mut buf, ANY_TYPE_URL, r.type_url.as_bytes());
+            put_field(&mut buf, ANY_VALUE, &r.value);
+            put_field(&mut buf, RESOURCE_NAME, r.name.as_bytes());
+        }
+        put_field(&mut buf, RESPONSE_TYPE_URL, self.type_url.as_bytes());
+        put_field(&mut buf, RESPONSE_NONCE, self.nonce.as_bytes());
+        for name in self.removed {
+            // A removed name is never empty, but keep the repeated field's count exact anyway.
+            encode_key(RESPONSE_REMOVED, WireType::LengthDelimited, &mut buf);
+            encode_varint(name.len() as u64, &mut buf);
+            buf.put_slice(name.as_bytes());
+        }
+        debug_assert_eq!(buf.len(), 5 + len);
+        buf.freeze()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pb::xds::DeltaDiscoveryResponse;
+    use prost::Message;
+
+    fn resource(name: &str, payload: usize) -> Arc<Resource> {
+        let message = crate::pb::google::protobuf::Any {
+            type_url: String::new(),
+            value: vec![7u8; payload].into(),
+        };
+        Arc::new(Resource::encode(
+            "type.googleapis.com/istio.workload.Address",
+            name.to_string(),
+            vec![format!("/10.0.0.{payload}")],
+            false,
+            Vec::new(),
+            &message,
+        ))
+    }
+
+    /// What prost encodes for the same response (without the fields ambientd leaves out).
+    fn prost_bytes(o: &Outgoing) -> Vec<u8> {
+        DeltaDiscoveryResponse {
+            system_version_info: String::new(),
+            type_url: o.type_url.to_string(),
+            nonce: o.nonce.to_string(),
+            removed_resources: o.removed.to_vec(),
+            resources: o
+                .resources
+                .iter()
+                .map(|r| crate::pb::xds::Resource {
+                    name: r.name.clone(),
+                    version: r.version.clone(),
+                    aliases: Vec::new(),
+                    resource: Some(r.any()),
+                    ttl: None,
+                    cache_control: None,
+                })
+                .collect(),
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn frames_exactly_what_prost_encodes() {
+        let resources = [
+            resource("Kubernetes//Pod/ns/a", 3),
+            resource("ns/svc.ns.svc.cluster.local", 200),
+            // Long enough that lengths take two varint bytes.
+            resource(&"x".repeat(300), 20_000),
+        ];
+        let removed = ["gone".to_string(), "/10.0.0.9".to_string()];
+        let cases = [
+            Outgoing {
+                type_url: "type.googleapis.com/istio.workload.Address",
+                nonce: "1f",
+                resources: &resources,
+                removed: &removed,
+            },
+            // An initial response with nothing in it.
+            Outgoing {
+                type_url: "type.googleapis.com/istio.security.Authorization",
+                nonce: "1",
+                resources: &[],
+                removed: &[],
+            },
+            Outgoing {
+                type_url: "t",
+                nonce: "2",
+                resources: &resources[..1],
+                removed: &[],
+            },
+        ];
+        for case in &cases {
+            let framed = case.frame();
+            let expected = prost_bytes(case);
+            assert_eq!(framed[0], 0, "uncompressed");
+            let len = u32::from_be_bytes(framed[1..5].try_into().unwrap()) as usize;
+            assert_eq!(len, expected.len());
+            assert_eq!(case.encoded_len(), expected.len());
+            assert_eq!(&framed[5..], &expected[..], "{case:?}");
+            // And it decodes back to the same resources.
+            let decoded = DeltaDiscoveryResponse::decode(&framed[5..]).unwrap();
+            assert_eq!(decoded.nonce, case.nonce);
+            assert_eq!(decoded.resources.len(), case.resources.len());
+            for (d, r) in decoded.resources.iter().zip(case.resources) {
+                assert_eq!(
+                    (d.name.as_str(), d.version.as_str()),
+                    (&*r.name, &*r.version)
+                );
+                assert!(d.aliases.is_empty());
+                assert_eq!(d.resource.as_ref().unwrap().value, r.value);
+            }
+        }
+    }
+}
