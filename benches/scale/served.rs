@@ -344,12 +344,19 @@ pub(super) fn t5(o: &Opts) {
 
 pub(super) fn t6(o: &Opts) {
     let rt = runtime();
-    let cases: &[(usize, usize)] = if o.quick {
-        &[(1_000, 50)]
-    } else {
-        &[(10_000, 1_000), (100_000, 100)]
+    // `SCALE_T6_CASES=100000x1000,10000x100` sets the cases (pods x clients).
+    let cases: Vec<(usize, usize)> = match std::env::var("SCALE_T6_CASES") {
+        Ok(list) => list
+            .split(',')
+            .filter_map(|case| {
+                let (pods, clients) = case.split_once('x')?;
+                Some((pods.trim().parse().ok()?, clients.trim().parse().ok()?))
+            })
+            .collect(),
+        Err(_) if o.quick => vec![(1_000, 50)],
+        Err(_) => vec![(10_000, 1_000), (100_000, 100)],
     };
-    for &(pods, clients) in cases {
+    for (pods, clients) in cases {
         eprintln!("T6: {clients} clients reconnecting to {pods} pods");
         let spec = Spec::new(pods);
         let docs = cluster_json(&spec);

@@ -485,7 +485,9 @@ impl Connection {
                 ))))
             }
             RequestKind::Initial(kind) => {
-                let mut state = TypeState::new(kind, &request);
+                let known = request.initial_resource_versions.len();
+                let mut request = request;
+                let mut state = TypeState::take(kind, &mut request);
                 if self.scope_to_node
                     && let Some(proxy) = &self.proxy
                 {
@@ -496,7 +498,7 @@ impl Connection {
                     wildcard = state.subscription.wildcard,
                     node_scope = state.node(),
                     names = state.subscription.names.len(),
-                    known = request.initial_resource_versions.len(),
+                    known,
                     "initial request"
                 );
                 let delta = state.initial(snapshot);

@@ -7,7 +7,7 @@
 //! fell further behind than the history reaches, a full comparison). An explicit (on-demand)
 //! client holds a small map of the names it was sent.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use crate::discovery::names::TypeKind;
@@ -151,24 +151,35 @@ impl TypeState {
     /// From the first request of a type. `initial_resource_versions` are what the client holds
     /// from an earlier stream; in explicit mode they also count as subscribed names.
     pub fn new(kind: TypeKind, request: &DeltaDiscoveryRequest) -> Self {
+        Self::with_known(kind, request, request.initial_resource_versions.clone())
+    }
+
+    /// As [`TypeState::new`], taking the request's `initial_resource_versions` instead of
+    /// copying them: a reconnecting proxy reports one version per resource it holds (100k
+    /// names at 100k pods), and a storm of reconnects would otherwise hold two copies each.
+    pub fn take(kind: TypeKind, request: &mut DeltaDiscoveryRequest) -> Self {
+        let known = std::mem::take(&mut request.initial_resource_versions);
+        Self::with_known(kind, request, known)
+    }
+
+    fn with_known(
+        kind: TypeKind,
+        request: &DeltaDiscoveryRequest,
+        known: BTreeMap<String, String>,
+    ) -> Self {
         let mut subscription = Subscription::initial(
             &request.resource_names_subscribe,
             &request.resource_names_unsubscribe,
         );
         if !subscription.wildcard {
-            subscription
-                .names
-                .extend(request.initial_resource_versions.keys().cloned());
+            subscription.names.extend(known.keys().cloned());
         }
         TypeState {
             kind,
             subscription,
             synced: None,
-            held: request
-                .initial_resource_versions
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
+            // Moved, not copied: the strings stay where the request's decoding put them.
+            held: known.into_iter().collect(),
             last_nonce: String::new(),
             awaiting_ack: false,
             seen: 0,
