@@ -82,8 +82,7 @@ impl Running {
 /// the first snapshot is built.
 pub async fn start(config: Config) -> anyhow::Result<Running> {
     let source = OpenedSource::open(&config.source).await?;
-    let xds_listener = TcpListener::bind(config.xds_address)
-        .await
+    let xds_listener = crate::push::server::listen(config.xds_address)
         .with_context(|| format!("binding --xds-address {}", config.xds_address))?;
     let debug_listener = TcpListener::bind(config.debug_address)
         .await

@@ -57,6 +57,7 @@ const SCENARIOS: [&str; 8] = ["T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8"];
 mod cluster;
 mod pure;
 mod served;
+mod storm;
 mod sustained;
 
 use cluster::*;
@@ -75,6 +76,8 @@ struct Opts {
     child: Option<String>,
     /// `--clients ADDR COUNT`: the T7 client process.
     clients: Option<(String, usize)>,
+    /// `--t6-clients ADDR COUNT`: the T6 client process.
+    t6_clients: Option<(String, usize)>,
     /// `--t8-clients ADDR COUNT PROBE`: the T8 client process.
     t8_clients: Option<(String, usize, String)>,
 }
@@ -103,6 +106,10 @@ fn opts() -> Opts {
                     args[i + 3].clone(),
                 ));
                 i += 3;
+            }
+            "--t6-clients" if i + 2 < args.len() => {
+                o.t6_clients = Some((args[i + 1].clone(), args[i + 2].parse().unwrap_or(0)));
+                i += 2;
             }
             "--clients" if i + 2 < args.len() => {
                 o.clients = Some((args[i + 1].clone(), args[i + 2].parse().unwrap_or(0)));
@@ -295,6 +302,10 @@ fn spawn_scenario(name: &str, o: &Opts, limit: Duration) -> Vec<Row> {
 
 fn main() {
     let o = opts();
+    if let Some((address, count)) = &o.t6_clients {
+        storm::t6_clients_process(address, *count);
+        return;
+    }
     if let Some((address, count, probe)) = &o.t8_clients {
         t8_clients_process(address, *count, probe);
         return;

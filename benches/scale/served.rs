@@ -12,9 +12,8 @@ pub(super) struct Server {
 }
 
 pub(super) async fn serve(snapshot: Arc<Snapshot>) -> Server {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
+    let listener =
+        ambientd::push::server::listen("127.0.0.1:0".parse().expect("address")).expect("bind");
     let address = listener.local_addr().expect("addr");
     let (publish, snapshots) = watch::channel(Some(snapshot));
     let ads = AdsServer::new(
@@ -362,38 +361,10 @@ pub(super) fn t6(o: &Opts) {
         let docs = cluster_json(&spec);
         let (_index, snapshot, _) = build(&docs);
         drop(docs);
-        let mut times = Vec::new();
-        let mut sent = Vec::new();
-        let mut full_bytes = 0usize;
-        let mut ok = clients;
-        rt.block_on(async {
-            let server = serve(snapshot).await;
-            let Ok((first, initial)) = Client::sync(server.address, 0, &Known::default()).await
-            else {
-                eprintln!("T6: first client failed");
-                return;
-            };
-            full_bytes = first.bytes;
-            drop(first);
-            let known: Known = initial.map(|response| {
-                response
-                    .resources
-                    .iter()
-                    .map(|r| (r.name.clone(), r.version.clone()))
-                    .collect()
-            });
-            for _ in 0..runs(o).min(3) {
-                // All at once (ztunnels after a control-plane restart), up to 1,000 in flight.
-                let (connected, elapsed) =
-                    connect_all(server.address, clients, clients.min(1000), &known).await;
-                ok = ok.min(connected.len());
-                times.push(ms(elapsed));
-                sent.push(connected.iter().map(|c| c.bytes).sum::<usize>() as f64);
-                drop(connected);
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            server.stop.cancel();
-        });
+        let outcome = rt.block_on(super::storm::storm(snapshot, clients, runs(o).min(3)));
+        let mut times = outcome.times;
+        let mut sent = outcome.sent;
+        let ok = outcome.synced;
         let med = median(&mut times);
         let bytes = median(&mut sent);
         emit(row(
@@ -405,10 +376,13 @@ pub(super) fn t6(o: &Opts) {
             "< 30000 ms (1k clients, 100k pods)",
             (pods == 100_000 && clients == 1_000).then_some(med < 30_000.0 && ok == clients),
             format!(
-                "{ok}/{clients} synced; server sent {:.0} B in all ({:.0} B per client) vs {:.1} MB for one full initial sync",
+                "{ok}/{clients} synced; each sent {:.1} MB of initial_resource_versions; server sent {:.0} B in all ({:.0} B per client) vs {:.1} MB for one full initial sync; server RSS {:.0} MB before, peak {:.0} MB; clients in another process",
+                outcome.request_bytes as f64 / 1e6,
                 bytes,
                 bytes / clients as f64,
-                full_bytes as f64 / 1e6
+                outcome.full_bytes as f64 / 1e6,
+                outcome.rss_before as f64 / 1e6,
+                outcome.rss_peak as f64 / 1e6,
             ),
         ));
     }

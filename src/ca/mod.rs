@@ -203,9 +203,8 @@ pub async fn start_with(
         root_bundle: tokio::sync::watch::channel(String::new()).0,
     });
     state.record_root_expiry();
-    let listener = TcpListener::bind(config.xds_tls_address)
-        .await
-        .map_err(|source| CaError::Bind {
+    let listener =
+        crate::push::server::listen(config.xds_tls_address).map_err(|source| CaError::Bind {
             address: config.xds_tls_address,
             source,
         })?;

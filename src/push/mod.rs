@@ -5,6 +5,7 @@
 //! [`subscription`]; [`server`] only moves bytes between them and the stream.
 
 pub mod indexer;
+pub mod known;
 pub mod outbound;
 pub mod registry;
 pub mod response;

@@ -12,19 +12,22 @@
 
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use futures::Stream;
 use http_body::Frame;
 use prost::Message;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::PollSemaphore;
 use tonic::Status;
 use tonic::body::Body;
 use tonic::codegen::{Service, http};
 use tonic::server::NamedService;
 
-use crate::pb::xds::DeltaDiscoveryRequest;
 use crate::pb::xds::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
+use crate::push::known::{RawRequest, Received};
 use crate::push::outbound::Responses;
 use crate::push::server::{AdsServer, Inbound};
 
@@ -36,6 +39,39 @@ pub const MAX_REQUEST_BYTES: usize = 64 * 1024 * 1024;
 
 /// A request buffer larger than this is not kept once its message is decoded.
 const KEEP_BUFFER: usize = 16 * 1024;
+
+/// How many bytes of large requests (over [`KEEP_BUFFER`]) all streams together may be reading
+/// and decoding at once. A reconnecting ztunnel's first request lists every resource it holds
+/// (about 6.5 MB at 100k resources, and three times that decoded): 1,000 of them at once, as
+/// after a control-plane restart, would need some 20 GB. A stream over the budget stops
+/// reading its request until others are done; HTTP/2 flow control then holds the proxy back
+/// (the stream's window, at most, waits in the server). Streams take their turn in order.
+pub const REQUEST_BUDGET_BYTES: usize = 128 * 1024 * 1024;
+
+/// The budget's unit: one permit per KiB.
+const BUDGET_UNIT: usize = 1024;
+
+/// The budget for large requests, shared by every stream of a server.
+#[derive(Clone, Debug)]
+pub struct RequestBudget {
+    semaphore: Arc<Semaphore>,
+    units: u32,
+}
+
+impl RequestBudget {
+    pub fn new(bytes: usize) -> Self {
+        let units = u32::try_from((bytes / BUDGET_UNIT).max(1)).unwrap_or(u32::MAX >> 4);
+        RequestBudget {
+            semaphore: Arc::new(Semaphore::new(units as usize)),
+            units,
+        }
+    }
+
+    /// Bytes of budget free now.
+    pub fn available(&self) -> usize {
+        self.semaphore.available_permits() * BUDGET_UNIT
+    }
+}
 
 /// The ADS service as tonic serves it (`Server::add_service`).
 #[derive(Clone)]
@@ -77,7 +113,8 @@ impl Service<http::Request<Body>> for AdsService {
             let (parts, body) = request.into_parts();
             let peer =
                 tonic::Request::from_http(http::Request::from_parts(parts, ())).remote_addr();
-            let responses = ads.open(peer, Requests::new(body));
+            let requests = Requests::new(body).with_budget(ads.request_budget());
+            let responses = ads.open(peer, requests);
             let mut http = http::Response::new(Body::new(Framed {
                 responses,
                 done: false,
@@ -136,11 +173,27 @@ impl http_body::Body for Framed {
 }
 
 /// The request body as decoded requests. Each message is cut from the buffer, and an emptied
-/// buffer is replaced by a new one, so a large request is freed once decoded.
+/// buffer is replaced by a new one, so a large request is freed once decoded. A large message
+/// is read only with room in the shared budget ([`REQUEST_BUDGET_BYTES`]), held until it is
+/// decoded.
 pub struct Requests<B> {
     body: B,
     buf: BytesMut,
     done: bool,
+    /// The shared budget and its size in units.
+    budget: Option<(PollSemaphore, u32)>,
+    /// The budget taken for the message being read.
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+/// What the buffer holds. A return value, never stored: its size does not matter.
+#[allow(clippy::large_enum_variant)]
+enum Next {
+    Message(Result<Received, Inbound>),
+    /// A large message has begun: read on only with this much budget (in units).
+    NeedsBudget(u32),
+    /// More bytes are needed.
+    More,
 }
 
 impl<B> Requests<B> {
@@ -149,7 +202,15 @@ impl<B> Requests<B> {
             body,
             buf: BytesMut::new(),
             done: false,
+            budget: None,
+            permit: None,
         }
+    }
+
+    /// Reads large messages only within `budget` (shared by every stream).
+    pub fn with_budget(mut self, budget: RequestBudget) -> Self {
+        self.budget = Some((PollSemaphore::new(budget.semaphore), budget.units));
+        self
     }
 
     /// Bytes held for a message not yet complete (what a stream keeps between requests).
@@ -158,25 +219,29 @@ impl<B> Requests<B> {
     }
 
     /// One complete message from the buffer, if there is one.
-    fn next_message(&mut self) -> Option<Result<DeltaDiscoveryRequest, Inbound>> {
+    fn next_message(&mut self) -> Next {
         if self.buf.len() < 5 {
-            return None;
+            return Next::More;
         }
         let compressed = self.buf[0];
         let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
         if compressed != 0 {
-            return Some(Err(Inbound::Invalid(Status::unimplemented(
+            return Next::Message(Err(Inbound::Invalid(Status::unimplemented(
                 "compressed requests are not supported: send DeltaDiscoveryRequest uncompressed",
             ))));
         }
         if len > MAX_REQUEST_BYTES {
-            return Some(Err(Inbound::Invalid(Status::resource_exhausted(format!(
+            return Next::Message(Err(Inbound::Invalid(Status::resource_exhausted(format!(
                 "a DeltaDiscoveryRequest of {len} bytes exceeds the {MAX_REQUEST_BYTES}-byte limit"
             )))));
         }
         if self.buf.len() < 5 + len {
+            if len > KEEP_BUFFER && self.budget.is_some() && self.permit.is_none() {
+                let units = len.div_ceil(BUDGET_UNIT) as u32;
+                return Next::NeedsBudget(units);
+            }
             self.buf.reserve(5 + len - self.buf.len());
-            return None;
+            return Next::More;
         }
         let _ = self.buf.split_to(5);
         let message = self.buf.split_to(len);
@@ -185,11 +250,15 @@ impl<B> Requests<B> {
             // large one is freed once `message` is decoded.
             self.buf = BytesMut::from(&self.buf[..]);
         }
-        Some(DeltaDiscoveryRequest::decode(message).map_err(|e| {
-            Inbound::Invalid(Status::invalid_argument(format!(
-                "not a DeltaDiscoveryRequest: {e}"
-            )))
-        }))
+        // The known versions stay as slices of `message` (`push::known`).
+        let decoded = RawRequest::decode(message)
+            .map_err(|e| format!("not a DeltaDiscoveryRequest: {e}"))
+            .and_then(RawRequest::split)
+            .map_err(|e| Inbound::Invalid(Status::invalid_argument(e)));
+        // Decoded, and the message's bytes freed: the budget goes to the next stream. The
+        // request itself is handled at once, in the same poll of the connection's task.
+        self.permit = None;
+        Next::Message(decoded)
     }
 }
 
@@ -198,16 +267,36 @@ where
     B: http_body::Body<Data = Bytes> + Unpin,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    type Item = Result<DeltaDiscoveryRequest, Inbound>;
+    type Item = Result<Received, Inbound>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         loop {
-            if let Some(message) = self.next_message() {
-                if message.is_err() {
-                    self.done = true;
-                    self.buf = BytesMut::new();
+            match self.next_message() {
+                Next::Message(message) => {
+                    if message.is_err() {
+                        self.done = true;
+                        self.buf = BytesMut::new();
+                        self.permit = None;
+                    }
+                    return Poll::Ready(Some(message));
                 }
-                return Poll::Ready(Some(message));
+                Next::NeedsBudget(units) => {
+                    let (budget, total) = self.budget.as_mut().expect("a budget");
+                    // A message larger than the whole budget waits for all of it.
+                    let units = units.min(*total);
+                    match budget.poll_acquire_many(cx, units) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(permit) => {
+                            // `None`: the budget was closed; read on without it.
+                            if permit.is_none() {
+                                self.budget = None;
+                            }
+                            self.permit = permit;
+                            continue;
+                        }
+                    }
+                }
+                Next::More => {}
             }
             if self.done {
                 return Poll::Ready(None);
@@ -234,6 +323,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pb::xds::DeltaDiscoveryRequest;
     use futures::StreamExt;
 
     /// A body that yields the given chunks.
@@ -277,18 +367,93 @@ mod tests {
         // Chunks of 16 KiB, as HTTP/2 delivers them.
         let chunks = wire.chunks(16 * 1024).map(Bytes::copy_from_slice).collect();
         let mut requests = Requests::new(Chunks(chunks));
-        let first = requests.next().await.unwrap().ok().unwrap();
-        assert_eq!(first.initial_resource_versions.len(), 20_000);
+        let (_, known) = requests.next().await.unwrap().ok().unwrap();
+        assert_eq!(known.len(), 20_000);
         // The large request's buffer is not kept for the rest of the stream.
         assert!(
             requests.buffered_capacity() < 64 * 1024,
             "{} bytes kept",
             requests.buffered_capacity()
         );
-        let second = requests.next().await.unwrap().ok().unwrap();
+        let (second, _) = requests.next().await.unwrap().ok().unwrap();
         assert_eq!(second.response_nonce, "2");
         assert!(requests.next().await.is_none());
         assert!(big.len() > 900_000, "{}", big.len());
+    }
+
+    /// A body that yields the given chunks and counts how many it gave.
+    struct Counted(
+        std::collections::VecDeque<Bytes>,
+        Arc<std::sync::atomic::AtomicUsize>,
+    );
+
+    impl http_body::Body for Counted {
+        type Data = Bytes;
+        type Error = Status;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+            let chunk = self.0.pop_front();
+            if chunk.is_some() {
+                self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Poll::Ready(chunk.map(|b| Ok(Frame::data(b))))
+        }
+    }
+
+    /// A large request is read only with room in the shared budget: while another stream holds
+    /// it, the stream stops reading its body (so HTTP/2 flow control holds the proxy back), and
+    /// it goes on once the budget is free. The budget is returned once the message is decoded.
+    #[tokio::test]
+    async fn large_requests_wait_for_the_shared_budget() {
+        let budget = RequestBudget::new(1024 * 1024);
+        let wire = grpc(&request("1", 10_000)); // about 500 KB
+        assert!(
+            wire.len() > 400_000 && wire.len() < 1024 * 1024,
+            "{}",
+            wire.len()
+        );
+        let chunks: std::collections::VecDeque<Bytes> =
+            wire.chunks(16 * 1024).map(Bytes::copy_from_slice).collect();
+        let count = chunks.len();
+        let read = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut requests = Requests::new(Counted(chunks, read.clone())).with_budget(budget.clone());
+
+        // Another stream holds most of the budget.
+        let held = budget
+            .semaphore
+            .clone()
+            .acquire_many_owned(900)
+            .await
+            .unwrap();
+        let waiting = futures::poll!(requests.next());
+        assert!(waiting.is_pending(), "read past the budget");
+        // Only the first chunk (with the message's length) was read.
+        assert_eq!(read.load(std::sync::atomic::Ordering::Relaxed), 1);
+
+        drop(held);
+        let (_, known) = requests.next().await.unwrap().ok().unwrap();
+        assert_eq!(known.len(), 10_000);
+        assert_eq!(read.load(std::sync::atomic::Ordering::Relaxed), count);
+        // Decoded: the whole budget is free again.
+        assert_eq!(budget.available(), 1024 * 1024);
+        assert!(requests.next().await.is_none());
+
+        // A small request needs no budget, even when none is left.
+        let all = budget
+            .semaphore
+            .clone()
+            .acquire_many_owned(1024)
+            .await
+            .unwrap();
+        let small = grpc(&request("2", 10));
+        let mut requests =
+            Requests::new(Chunks([Bytes::from(small)].into())).with_budget(budget.clone());
+        let (second, _) = requests.next().await.unwrap().ok().unwrap();
+        assert_eq!(second.response_nonce, "2");
+        drop(all);
     }
 
     #[tokio::test]

@@ -26,6 +26,7 @@ use crate::pb::xds::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Node,
 };
 use crate::push::indexer::Snapshots;
+use crate::push::known::{KnownVersions, Received};
 use crate::push::outbound::{Outbound, Responses, Slot};
 use crate::push::registry::{ClientView, Handle, Pending, Registry, TypeStatus};
 use crate::push::response::Outgoing;
@@ -58,6 +59,26 @@ pub fn grpc_server() -> tonic::transport::Server {
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
 }
 
+/// Binds a listener for proxies (15010, 15012) with an accept queue as long as the kernel
+/// allows (`net.core.somaxconn`, as Go's listeners and so istiod's use), not tokio's 1,024.
+/// After a control-plane restart every ztunnel reconnects at once; while the server is busy
+/// answering the first of them, a short queue overflows, and the kernel then drops or resets
+/// the rest (measured: T6 with 1,000 clients, BENCHMARKS.md).
+pub fn listen(address: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = match address {
+        std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(address)?;
+    let backlog = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|text| text.trim().parse::<u32>().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(4096);
+    socket.listen(backlog)
+}
+
 /// The ADS service: hands each stream to its own connection task.
 #[derive(Clone)]
 pub struct AdsServer {
@@ -70,6 +91,7 @@ pub struct AdsServer {
     max_response_bytes: usize,
     scope_to_node: bool,
     shutdown: CancellationToken,
+    request_budget: crate::push::route::RequestBudget,
 }
 
 impl AdsServer {
@@ -84,7 +106,22 @@ impl AdsServer {
             max_response_bytes: MAX_RESPONSE_BYTES,
             scope_to_node: false,
             shutdown: CancellationToken::new(),
+            request_budget: crate::push::route::RequestBudget::new(
+                crate::push::route::REQUEST_BUDGET_BYTES,
+            ),
         }
+    }
+
+    /// How many bytes of large requests all streams may be reading and decoding at once
+    /// (default [`crate::push::route::REQUEST_BUDGET_BYTES`]).
+    pub fn with_request_budget(mut self, bytes: usize) -> Self {
+        self.request_budget = crate::push::route::RequestBudget::new(bytes);
+        self
+    }
+
+    /// The shared budget for large requests.
+    pub fn request_budget(&self) -> crate::push::route::RequestBudget {
+        self.request_budget.clone()
     }
 
     /// Node-scoped mode: a proxy that names its node (metadata `NODE_NAME`) gets its node's
@@ -153,9 +190,13 @@ impl AggregatedDiscoveryService for AdsServer {
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
         let peer = request.remote_addr();
-        let inbound = request
-            .into_inner()
-            .map(|item| item.map_err(Inbound::Transport));
+        let inbound = request.into_inner().map(|item| {
+            item.map(|mut request| {
+                let known = std::mem::take(&mut request.initial_resource_versions);
+                (request, KnownVersions::from_map(known))
+            })
+            .map_err(Inbound::Transport)
+        });
         // Only reached through the generated server: `route` serves this method itself,
         // writing the framed responses as they are.
         let responses = self.open(peer, inbound).map(|frame| {
@@ -181,7 +222,7 @@ impl AdsServer {
     /// Starts the connection task for one stream of requests; returns its responses.
     pub fn open<S>(&self, peer: Option<std::net::SocketAddr>, inbound: S) -> Responses
     where
-        S: Stream<Item = Result<DeltaDiscoveryRequest, Inbound>> + Send + Unpin + 'static,
+        S: Stream<Item = Result<Received, Inbound>> + Send + Unpin + 'static,
     {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let peer = peer.map(|a| a.to_string()).unwrap_or_default();
@@ -305,7 +346,7 @@ impl Connection {
     /// the task holds this future for the stream's life.
     async fn run<S>(mut self: Box<Self>, mut inbound: S)
     where
-        S: Stream<Item = Result<DeltaDiscoveryRequest, Inbound>> + Unpin,
+        S: Stream<Item = Result<Received, Inbound>> + Unpin,
     {
         let Some(snapshot) = Box::pin(self.wait_ready()).await else {
             return;
@@ -336,10 +377,10 @@ impl Connection {
                     break End::Idle(self.idle_timeout.unwrap_or_default());
                 }
                 message = inbound.next() => match message {
-                    Some(Ok(request)) => {
+                    Some(Ok((request, known))) => {
                         // Boxed (as `push_dirty` below): awaited inline, their state would
                         // sit in every idle connection's task.
-                        if let Err(end) = Box::pin(self.on_request(request)).await {
+                        if let Err(end) = Box::pin(self.on_request(request, known)).await {
                             break end;
                         }
                     }
@@ -453,7 +494,11 @@ impl Connection {
         };
         self.status.update(|s| s.pending = pending);
     }
-    async fn on_request(&mut self, request: DeltaDiscoveryRequest) -> Result<(), End> {
+    async fn on_request(
+        &mut self,
+        request: DeltaDiscoveryRequest,
+        known: KnownVersions,
+    ) -> Result<(), End> {
         let snapshot = &self.snapshot();
         if self.proxy.is_none()
             && let Some(node) = &request.node
@@ -485,9 +530,8 @@ impl Connection {
                 ))))
             }
             RequestKind::Initial(kind) => {
-                let known = request.initial_resource_versions.len();
-                let mut request = request;
-                let mut state = TypeState::take(kind, &mut request);
+                let known_count = known.len();
+                let mut state = TypeState::with_known(kind, &request, known);
                 if self.scope_to_node
                     && let Some(proxy) = &self.proxy
                 {
@@ -498,7 +542,7 @@ impl Connection {
                     wildcard = state.subscription.wildcard,
                     node_scope = state.node(),
                     names = state.subscription.names.len(),
-                    known,
+                    known = known_count,
                     "initial request"
                 );
                 let delta = state.initial(snapshot);

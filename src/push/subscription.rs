@@ -7,12 +7,13 @@
 //! fell further behind than the history reaches, a full comparison). An explicit (on-demand)
 //! client holds a small map of the names it was sent.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use crate::discovery::names::TypeKind;
 use crate::discovery::snapshot::{Resource, ResourceMap, Snapshot};
 use crate::pb::xds::DeltaDiscoveryRequest;
+use crate::push::known::KnownVersions;
 
 /// The wildcard subscription name.
 pub const WILDCARD: &str = "*";
@@ -122,6 +123,8 @@ pub struct TypeState {
     synced: Option<Arc<Snapshot>>,
     /// Explicit mode, or before the first wildcard sync: name -> version the client holds.
     held: HashMap<String, String>,
+    /// What the first request reported holding, until [`TypeState::initial`] compares it.
+    known: Option<KnownVersions>,
     /// The nonce of the last response sent.
     pub last_nonce: String,
     /// Whether the last response sent is not yet ACKed or NACKed. While it is, snapshot
@@ -151,35 +154,32 @@ impl TypeState {
     /// From the first request of a type. `initial_resource_versions` are what the client holds
     /// from an earlier stream; in explicit mode they also count as subscribed names.
     pub fn new(kind: TypeKind, request: &DeltaDiscoveryRequest) -> Self {
-        Self::with_known(kind, request, request.initial_resource_versions.clone())
-    }
-
-    /// As [`TypeState::new`], taking the request's `initial_resource_versions` instead of
-    /// copying them: a reconnecting proxy reports one version per resource it holds (100k
-    /// names at 100k pods), and a storm of reconnects would otherwise hold two copies each.
-    pub fn take(kind: TypeKind, request: &mut DeltaDiscoveryRequest) -> Self {
-        let known = std::mem::take(&mut request.initial_resource_versions);
+        let known = KnownVersions::from_map(request.initial_resource_versions.clone());
         Self::with_known(kind, request, known)
     }
 
-    fn with_known(
+    /// As [`TypeState::new`], with the known versions given apart from the request (as the
+    /// server decodes them: [`KnownVersions`]).
+    pub fn with_known(
         kind: TypeKind,
         request: &DeltaDiscoveryRequest,
-        known: BTreeMap<String, String>,
+        known: KnownVersions,
     ) -> Self {
         let mut subscription = Subscription::initial(
             &request.resource_names_subscribe,
             &request.resource_names_unsubscribe,
         );
         if !subscription.wildcard {
-            subscription.names.extend(known.keys().cloned());
+            subscription
+                .names
+                .extend(known.iter().map(|(name, _)| name.to_string()));
         }
         TypeState {
             kind,
             subscription,
             synced: None,
-            // Moved, not copied: the strings stay where the request's decoding put them.
-            held: known.into_iter().collect(),
+            held: HashMap::new(),
+            known: Some(known),
             last_nonce: String::new(),
             awaiting_ack: false,
             seen: 0,
@@ -191,9 +191,15 @@ impl TypeState {
     /// The answer to the first request: everything subscribed whose version the client does
     /// not already hold, and the names it holds that no longer exist.
     pub fn initial(&mut self, snapshot: &Arc<Snapshot>) -> Delta {
+        let known = self.known.take().unwrap_or_default();
         if self.subscription.wildcard {
-            self.sync_wildcard(snapshot)
+            self.sync_wildcard_from(snapshot, known.iter(), known.len())
         } else {
+            self.held.extend(
+                known
+                    .iter()
+                    .map(|(name, version)| (name.to_string(), version.to_string())),
+            );
             let keys: Vec<String> = self.subscription.names.iter().cloned().collect();
             self.explicit(snapshot, &keys)
         }
@@ -330,22 +336,55 @@ impl TypeState {
 
     /// Full wildcard sync against what the client holds (`held`), then track by snapshot.
     fn sync_wildcard(&mut self, snapshot: &Arc<Snapshot>) -> Delta {
+        let held = std::mem::take(&mut self.held);
+        self.sync_wildcard_from(
+            snapshot,
+            held.iter()
+                .map(|(name, version)| (name.as_str(), version.as_str())),
+            held.len(),
+        )
+    }
+
+    /// Full wildcard sync against `known` (name, version) pairs: every resource the client
+    /// does not hold at its version, and the names it holds that no longer exist. A reconnect
+    /// at 100k resources compares 100k pairs (T6): they go into a flat hash table, and the
+    /// snapshot is walked once against it, since a lookup in the snapshot's persistent map
+    /// costs several times one in a flat table (a profile of 1,000 reconnects put three
+    /// quarters of the server's time in those lookups).
+    fn sync_wildcard_from<'a>(
+        &mut self,
+        snapshot: &Arc<Snapshot>,
+        known: impl Iterator<Item = (&'a str, &'a str)>,
+        count: usize,
+    ) -> Delta {
         self.seen = snapshot.generation;
         self.changed = Some(BTreeSet::new());
         let resources = snapshot.resources(self.kind);
+        // name -> (version, whether the snapshot has it).
+        let mut held: HashMap<&str, (&str, bool), foldhash::fast::RandomState> = HashMap::default();
+        held.reserve(count);
+        for (name, version) in known {
+            held.insert(name, (version, false));
+        }
         let mut delta = Delta::default();
         for (name, resource) in resources.iter() {
-            if self.held.get(name) != Some(&resource.version) {
-                delta.resources.push(resource.clone());
+            let name: &str = name.as_ref();
+            match held.get_mut(name) {
+                Some((version, found)) => {
+                    *found = true;
+                    if resource.version != *version {
+                        delta.resources.push(resource.clone());
+                    }
+                }
+                None => delta.resources.push(resource.clone()),
             }
         }
-        delta.removed = self
-            .held
-            .keys()
-            .filter(|name| !resources.contains_key(*name))
-            .cloned()
-            .collect();
         delta.resources.sort_by(|a, b| a.name.cmp(&b.name));
+        delta.removed = held
+            .iter()
+            .filter(|(_, (_, found))| !found)
+            .map(|(name, _)| name.to_string())
+            .collect();
         delta.removed.sort();
         self.held = HashMap::new();
         self.synced = Some(snapshot.clone());
