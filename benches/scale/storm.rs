@@ -279,3 +279,73 @@ pub(super) async fn storm(snapshot: Arc<Snapshot>, clients: usize, runs: usize) 
     server.stop.cancel();
     outcome
 }
+
+/// T6's physical limit: bytes per second through one HTTP/2 stream on loopback (h2 at both
+/// ends, the server's windows, nothing decoded), uploading `total` bytes as
+/// a reconnecting proxy uploads its known versions.
+pub(super) async fn loopback_throughput(total: usize) -> f64 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    let server = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.expect("accept");
+        tcp.set_nodelay(true).expect("nodelay");
+        // hyper's server windows (1 MiB for the stream and the connection), as ambientd has.
+        let mut connection = h2::server::Builder::new()
+            .initial_window_size(1 << 20)
+            .initial_connection_window_size(1 << 20)
+            .handshake::<_, Bytes>(tcp)
+            .await
+            .expect("handshake");
+        let (request, mut respond) = connection
+            .accept()
+            .await
+            .expect("a stream")
+            .expect("a request");
+        tokio::spawn(async move { while connection.accept().await.is_some() {} });
+        let mut body = request.into_body();
+        let mut received = 0usize;
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.expect("data");
+            received += chunk.len();
+            let _ = body.flow_control().release_capacity(chunk.len());
+        }
+        let _ = respond.send_response(tonic::codegen::http::Response::new(()), true);
+        received
+    });
+    let tcp = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect");
+    tcp.set_nodelay(true).expect("nodelay");
+    let (send, connection) = h2::client::handshake(tcp).await.expect("handshake");
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let mut send = send.ready().await.expect("ready");
+    let request = tonic::codegen::http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{address}/upload"))
+        .body(())
+        .expect("request");
+    let chunk = Bytes::from(vec![7u8; 1024 * 1024]);
+    let started = Instant::now();
+    let (_response, mut stream) = send.send_request(request, false).expect("send");
+    let mut sent = 0;
+    while sent < total {
+        // Send within the window, as a real sender does, instead of buffering everything.
+        stream.reserve_capacity(chunk.len());
+        let capacity = futures::future::poll_fn(|cx| stream.poll_capacity(cx))
+            .await
+            .expect("capacity")
+            .expect("capacity");
+        let n = capacity.min(chunk.len()).min(total - sent);
+        stream.send_data(chunk.slice(..n), false).expect("data");
+        sent += n;
+    }
+    stream.send_data(Bytes::new(), true).expect("end");
+    let received = server.await.expect("server");
+    let elapsed = started.elapsed();
+    assert_eq!(received, total);
+    total as f64 / elapsed.as_secs_f64()
+}
