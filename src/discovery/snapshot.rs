@@ -22,7 +22,8 @@ pub struct Resource {
     pub name: String,
     /// Hex xxhash64 of the encoded `Any`.
     pub version: String,
-    /// `network/ip` aliases (istiod sends them; ztunnel ignores them; on-demand lookups use them).
+    /// `network/ip` aliases, for on-demand lookups (not sent: ztunnel ignores them; see
+    /// `push::response`).
     pub aliases: Vec<String>,
     /// Whether this Address holds a Service (else a Workload).
     pub is_service: bool,
