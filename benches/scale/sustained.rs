@@ -162,6 +162,10 @@ async fn sustained(
     let rss_stop = CancellationToken::new();
     let rss_task = {
         let rss_stop = rss_stop.clone();
+        let trace: Option<usize> = std::env::var("SCALE_T8_RSS_TRACE")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .filter(|n| *n > 0);
         tokio::spawn(async move {
             let mut samples = vec![rss_bytes()];
             let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -169,7 +173,17 @@ async fn sustained(
             loop {
                 tokio::select! {
                     _ = rss_stop.cancelled() => return samples,
-                    _ = tick.tick() => samples.push(rss_bytes()),
+                    _ = tick.tick() => {
+                        samples.push(rss_bytes());
+                        // `SCALE_T8_RSS_TRACE=N`: the server's RSS every N seconds.
+                        if trace.is_some_and(|every| samples.len() % every == 0) {
+                            eprintln!(
+                                "  T8 RSS at {} s: {:.1} MB",
+                                samples.len() - 1,
+                                samples.last().copied().unwrap_or(0) as f64 / 1e6
+                            );
+                        }
+                    }
                 }
             }
         })
