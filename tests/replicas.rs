@@ -32,11 +32,11 @@ fn contents(snapshot: &Snapshot) -> Contents {
             assert_eq!(&resource.name, name);
             assert_eq!(resource.type_url, type_url);
             all.insert(
-                (type_url, name.clone()),
+                (type_url, name.to_string()),
                 (
-                    resource.version.clone(),
+                    resource.version.to_string(),
                     resource.value.clone(),
-                    resource.aliases.clone(),
+                    resource.aliases.iter().map(|a| a.to_string()).collect(),
                 ),
             );
         }

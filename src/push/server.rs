@@ -677,9 +677,9 @@ impl Connection {
                     .resources
                     .iter()
                     .map(|r| crate::pb::xds::Resource {
-                        name: r.name.clone(),
-                        version: r.version.clone(),
-                        aliases: r.aliases.clone(),
+                        name: r.name.to_string(),
+                        version: r.version.to_string(),
+                        aliases: r.aliases.iter().map(|a| a.to_string()).collect(),
                         resource: Some(r.any()),
                         ttl: None,
                         cache_control: None,

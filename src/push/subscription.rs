@@ -11,7 +11,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use crate::discovery::names::TypeKind;
-use crate::discovery::snapshot::{Resource, ResourceMap, Snapshot};
+use crate::discovery::snapshot::{Name, Resource, ResourceMap, Snapshot};
 use crate::pb::xds::DeltaDiscoveryRequest;
 
 /// The wildcard subscription name.
@@ -129,7 +129,7 @@ pub struct TypeState {
     /// Names changed between the client's view and snapshot `seen`, each once however often it
     /// changed (bounded by the type's names); `None` once the client fell further behind than
     /// the snapshots' history reaches, when a full comparison is due.
-    changed: Option<BTreeSet<String>>,
+    changed: Option<BTreeSet<Name>>,
     /// Node-scoped mode: the proxy's node, whose [`Snapshot::node_scope`] it always gets.
     node: Option<String>,
 }
@@ -256,7 +256,7 @@ impl TypeState {
                     diff_one(name, old, resources, &mut delta);
                 }
                 for name in old.keys().filter(|name| !resources.contains_key(*name)) {
-                    delta.removed.push(name.clone());
+                    delta.removed.push(name.to_string());
                 }
             }
         }
@@ -307,7 +307,7 @@ impl TypeState {
             Some(s) => s
                 .resources(self.kind)
                 .iter()
-                .map(|(k, r)| (k.clone(), r.version.clone()))
+                .map(|(k, r)| (k.to_string(), r.version.to_string()))
                 .collect(),
             None => self.held.clone(),
         }
@@ -320,14 +320,18 @@ impl TypeState {
         let resources = snapshot.resources(self.kind);
         let mut delta = Delta::default();
         for (name, resource) in resources.iter() {
-            if self.held.get(name) != Some(&resource.version) {
+            if !self
+                .held
+                .get(&**name)
+                .is_some_and(|v| resource.version.is(v))
+            {
                 delta.resources.push(resource.clone());
             }
         }
         delta.removed = self
             .held
             .keys()
-            .filter(|name| !resources.contains_key(*name))
+            .filter(|name| !resources.contains_key(name.as_str()))
             .cloned()
             .collect();
         delta.resources.sort_by(|a, b| a.name.cmp(&b.name));
@@ -355,13 +359,13 @@ impl TypeState {
         wanted.extend(
             self.held
                 .keys()
-                .filter(|name| resources.contains_key(*name))
+                .filter(|name| resources.contains_key(name.as_str()))
                 .cloned(),
         );
         let mut delta = Delta::default();
         for name in &wanted {
-            if let Some(resource) = resources.get(name)
-                && self.held.get(name) != Some(&resource.version)
+            if let Some(resource) = resources.get(name.as_str())
+                && !self.held.get(name).is_some_and(|v| resource.version.is(v))
             {
                 delta.resources.push(resource.clone());
             }
@@ -369,17 +373,17 @@ impl TypeState {
         let mut removed: BTreeSet<String> = self
             .held
             .keys()
-            .filter(|name| !resources.contains_key(*name))
+            .filter(|name| !resources.contains_key(name.as_str()))
             .cloned()
             .collect();
         for key in fresh {
-            if !resources.contains_key(key) {
+            if !resources.contains_key(key.as_str()) {
                 removed.insert(key.clone());
             }
         }
         for resource in &delta.resources {
             self.held
-                .insert(resource.name.clone(), resource.version.clone());
+                .insert(resource.name.to_string(), resource.version.to_string());
         }
         for name in &removed {
             self.held.remove(name);
@@ -398,7 +402,7 @@ pub fn split(delta: Delta, max_bytes: usize) -> Vec<Delta> {
         r.value.len()
             + r.type_url.len()
             + r.name.len()
-            + r.version.len()
+            + r.version.hex_len()
             + r.aliases.iter().map(|a| a.len() + 2).sum::<usize>()
             + 16
     };
@@ -442,7 +446,7 @@ fn lookup(snapshot: &Snapshot, kind: TypeKind, key: &str) -> Vec<String> {
         TypeKind::Authorization => snapshot
             .authorizations
             .get(key)
-            .map(|r| vec![r.name.clone()])
+            .map(|r| vec![r.name.to_string()])
             .unwrap_or_default(),
     }
 }
