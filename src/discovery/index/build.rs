@@ -116,10 +116,10 @@ impl Index {
             status: None,
         };
         match target {
-            Target::Pod(k) => addresses(
+            Target::Pod((namespace, name)) => addresses(
                 store
                     .pods
-                    .get(k)
+                    .get(namespace, name)
                     .and_then(|pod| {
                         let mut resource =
                             workload_resource(workload::build(settings, store, pod, reads)?);

@@ -254,7 +254,7 @@ impl Index {
                 .cloned()
                 .map(Object::GatewayClass),
             Kind::Gateway => s.gateways.get(&k).cloned().map(Object::Gateway),
-            Kind::Pod => s.pods.get(&k).cloned().map(Object::Pod),
+            Kind::Pod => s.pods.get(&k.0, &k.1).cloned().map(Object::Pod),
             Kind::Service => s.services.get(&k).cloned().map(Object::Service),
             Kind::ServiceEntry => s.service_entries.get(&k).cloned().map(Object::ServiceEntry),
             Kind::WorkloadEntry => s
