@@ -30,7 +30,7 @@ fn contents(snapshot: &Snapshot) -> Contents {
     ] {
         for (name, resource) in map.iter() {
             assert_eq!(&resource.name, name);
-            assert_eq!(resource.type_url, type_url);
+            assert_eq!(resource.type_url(), type_url);
             all.insert(
                 (type_url, name.to_string()),
                 (

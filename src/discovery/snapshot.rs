@@ -83,17 +83,18 @@ pub struct Resource {
     pub waypoints: Box<[Box<str>]>,
     /// For a pod's workload: the pod's Kubernetes `metadata.uid` (the CA checks a token's pod
     /// binding against it). Not sent; a pod re-created under its name changes only this.
-    pub pod_uid: Option<Box<str>>,
-    /// The `Any`'s type URL (one of two constants: not a string per resource).
-    pub type_url: &'static str,
+    /// Shared with the stored pod.
+    pub pod_uid: Option<Arc<str>>,
+    /// The resource type, which names the `Any`'s type URL (a byte, not a string per resource).
+    pub kind: TypeKind,
     /// The encoded message: the `Any`'s value, shared (not copied) by every send.
     pub value: Bytes,
 }
 
 impl Resource {
-    /// Encodes `message` as an `Any` of `type_url` and versions it by content.
+    /// Encodes `message` as an `Any` of `kind`'s type URL and versions it by content.
     pub fn encode<M: Message>(
-        type_url: &'static str,
+        kind: TypeKind,
         name: impl Into<Name>,
         aliases: Vec<Name>,
         is_service: bool,
@@ -110,15 +111,20 @@ impl Resource {
             node: None,
             waypoints: Box::default(),
             pod_uid: None,
-            type_url,
+            kind,
             value,
         }
+    }
+
+    /// The `Any`'s type URL.
+    pub fn type_url(&self) -> &'static str {
+        self.kind.type_url()
     }
 
     /// The payload as sent.
     pub fn any(&self) -> Any {
         Any {
-            type_url: self.type_url.to_string(),
+            type_url: self.type_url().to_string(),
             value: self.value.clone(),
         }
     }

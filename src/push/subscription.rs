@@ -400,7 +400,7 @@ pub fn split(delta: Delta, max_bytes: usize) -> Vec<Delta> {
     let size = |r: &Resource| {
         // The Any and its type URL, name, version, aliases, and each field's tag and length.
         r.value.len()
-            + r.type_url.len()
+            + r.type_url().len()
             + r.name.len()
             + r.version.hex_len()
             + r.aliases.iter().map(|a| a.len() + 2).sum::<usize>()

@@ -504,8 +504,8 @@ impl Addr {
 }
 
 fn decode_address(resource: &ambientd::discovery::Resource) -> Result<Addr, String> {
-    if resource.type_url != ADDRESS_TYPE {
-        return Err(format!("type_url {:?}", resource.type_url));
+    if resource.type_url() != ADDRESS_TYPE {
+        return Err(format!("type_url {:?}", resource.type_url()));
     }
     let message = Address::decode(resource.value.clone()).map_err(|e| e.to_string())?;
     match message.r#type {
@@ -551,10 +551,10 @@ impl View {
             }
         }
         for (name, resource) in snapshot.authorizations.iter() {
-            if resource.type_url != AUTHORIZATION_TYPE {
+            if resource.type_url() != AUTHORIZATION_TYPE {
                 view.problems.push(format!(
                     "invariant: Authorization resource {name:?} has type_url {:?}",
-                    resource.type_url
+                    resource.type_url()
                 ));
                 continue;
             }

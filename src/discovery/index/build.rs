@@ -1,9 +1,7 @@
 //! Building one target's resources, and encoding each resource once.
 
 use crate::discovery::index::{Index, Target};
-use crate::discovery::names::{
-    ADDRESS_TYPE, AUTHORIZATION_TYPE, TypeKind, ip_from_bytes, network_address_key, service_key,
-};
+use crate::discovery::names::{TypeKind, ip_from_bytes, network_address_key, service_key};
 use crate::discovery::snapshot::{Name, Resource};
 use crate::discovery::status::{self, DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::store::Key;
@@ -195,7 +193,14 @@ pub(super) struct Built {
 
 fn authorization_resource(a: Authorization) -> Resource {
     let name = format!("{}/{}", a.namespace, a.name);
-    Resource::encode(AUTHORIZATION_TYPE, name, Vec::new(), false, Vec::new(), &a)
+    Resource::encode(
+        TypeKind::Authorization,
+        name,
+        Vec::new(),
+        false,
+        Vec::new(),
+        &a,
+    )
 }
 
 fn workload_resource(w: wl::Workload) -> Resource {
@@ -207,7 +212,8 @@ fn workload_resource(w: wl::Workload) -> Resource {
     let message = Address {
         r#type: Some(address::Type::Workload(w)),
     };
-    let mut resource = Resource::encode(ADDRESS_TYPE, name, aliases, false, services, &message);
+    let mut resource =
+        Resource::encode(TypeKind::Address, name, aliases, false, services, &message);
     resource.node = node;
     resource.waypoints = waypoints;
     resource
@@ -242,7 +248,8 @@ fn service_resource(s: wl::Service) -> Resource {
     let message = Address {
         r#type: Some(address::Type::Service(s)),
     };
-    let mut resource = Resource::encode(ADDRESS_TYPE, name, aliases, true, Vec::new(), &message);
+    let mut resource =
+        Resource::encode(TypeKind::Address, name, aliases, true, Vec::new(), &message);
     resource.waypoints = waypoints;
     resource
 }
