@@ -388,12 +388,15 @@ fn terminal_and_ipless_pods_produce_nothing() {
         let changes = index.apply(Object::Pod(p));
         let case = format!("phase={phase} ips={ips:?}");
         assert_eq!(
-            changes.addresses.upserted.contains(&uid(NS, "p")),
+            changes.addresses.upserted.contains(uid(NS, "p").as_str()),
             *emitted,
             "{case}"
         );
         assert_eq!(
-            index.snapshot().addresses.contains_key(&uid(NS, "p")),
+            index
+                .snapshot()
+                .addresses
+                .contains_key(uid(NS, "p").as_str()),
             *emitted,
             "{case}"
         );
@@ -431,8 +434,12 @@ fn system_namespace_network_label_sets_every_network() {
     assert_eq!(s.addresses[0].network, "net1");
     let snapshot = index.snapshot();
     assert_eq!(
-        snapshot.addresses.get(&uid(NS, "p")).unwrap().aliases,
-        vec!["net1/10.0.0.1".to_string()]
+        snapshot
+            .addresses
+            .get(uid(NS, "p").as_str())
+            .unwrap()
+            .aliases,
+        vec!["net1/10.0.0.1".into()].into()
     );
     assert_eq!(
         snapshot.lookup_addresses("net1/10.0.0.1"),

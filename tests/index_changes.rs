@@ -54,9 +54,9 @@ fn pod_lifecycle_changes() {
     // An update that changes the resource is an upsert, and is visible in the snapshot.
     let mut v2 = base.clone();
     v2.labels.insert("version", "v2");
-    let before = index.snapshot().addresses.get(&p).unwrap().version.clone();
+    let before = index.snapshot().addresses.get(p.as_str()).unwrap().version;
     assert_only_upserted(&index.apply(Object::Pod(v2.clone())), &[&p]);
-    let after = index.snapshot().addresses.get(&p).unwrap().version.clone();
+    let after = index.snapshot().addresses.get(p.as_str()).unwrap().version;
     assert_ne!(before, after);
     assert_eq!(workload(&mut index, &p).canonical_revision, "v2");
 
@@ -114,7 +114,7 @@ fn service_lifecycle_changes() {
     assert_eq!(changes.addresses.upserted, set(&[&a]));
     assert_eq!(changes.addresses.removed, set(&[&s]));
     assert!(workload(&mut index, &a).services.is_empty());
-    assert!(index.snapshot().members.get(&s).is_none());
+    assert!(index.snapshot().members.get(s.as_str()).is_none());
 }
 
 #[test]
@@ -163,9 +163,13 @@ fn service_selector_change_re_emits_exactly_the_pods_whose_map_changed() {
         let want: Vec<String> = step.want.iter().map(|n| uid(NS, n)).collect();
         assert_only_upserted(&changes, &want);
     }
-    let members = index.snapshot().members.get(&skey(NS, "s")).cloned();
+    let members = index
+        .snapshot()
+        .members
+        .get(skey(NS, "s").as_str())
+        .cloned();
     assert_eq!(
-        members.map(|m| m.into_iter().collect::<Vec<_>>()),
+        members.map(|m| m.into_iter().map(|n| n.to_string()).collect::<Vec<_>>()),
         Some(vec![uid(NS, "ab")])
     );
 }
@@ -314,9 +318,9 @@ fn reset_converges_to_a_cold_build_of_the_final_set() {
 
     let pods = final_pods.iter().cloned().map(Object::Pod).collect();
     let mut changes = index.reset(Kind::Pod, pods);
-    assert!(changes.addresses.removed.contains(&uid(NS, "p1")));
-    assert!(changes.addresses.upserted.contains(&uid(NS, "p4")));
-    assert!(!changes.addresses.upserted.contains(&uid(NS, "p3")));
+    assert!(changes.addresses.removed.contains(uid(NS, "p1").as_str()));
+    assert!(changes.addresses.upserted.contains(uid(NS, "p4").as_str()));
+    assert!(!changes.addresses.upserted.contains(uid(NS, "p3").as_str()));
 
     let services = final_services.iter().cloned().map(Object::Service);
     changes.merge(&index.handle(Event::Reset(Kind::Service, services.collect())));
@@ -493,5 +497,5 @@ fn changes_since_is_none_once_history_is_exceeded() {
     assert_eq!(snapshot.changes_since(first.generation), None);
     assert_eq!(snapshot.changes_since(generation), Some(Changes::default()));
     let recent = snapshot.changes_since(generation - 2).unwrap();
-    assert!(recent.addresses.upserted.contains(&uid(NS, "a")));
+    assert!(recent.addresses.upserted.contains(uid(NS, "a").as_str()));
 }

@@ -56,7 +56,12 @@ fn service_becomes_service_resource() {
     assert!(s.waypoint.is_none());
     assert!(s.subject_alt_names.is_empty());
     assert_eq!(s.visibility, 0);
-    let resource = index.snapshot().addresses.get(&key).cloned().unwrap();
+    let resource = index
+        .snapshot()
+        .addresses
+        .get(key.as_str())
+        .cloned()
+        .unwrap();
     assert!(resource.is_service);
 }
 
@@ -459,9 +464,9 @@ fn services_map_membership_rules() {
         let w = workload(&mut index, &uid(NS, "p"));
         assert_eq!(w.services.contains_key(&key), *member, "{case}");
         assert_eq!(w.services.len(), usize::from(*member), "{case}");
-        let members = index.snapshot().members.get(&key).cloned();
+        let members = index.snapshot().members.get(key.as_str()).cloned();
         assert_eq!(
-            members.is_some_and(|m| m.contains(&uid(NS, "p"))),
+            members.is_some_and(|m| m.contains(uid(NS, "p").as_str())),
             *member,
             "{case}"
         );

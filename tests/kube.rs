@@ -206,7 +206,7 @@ async fn initial_sync_of_every_kind_is_what_the_manifests_source_reads() {
         let snapshot = index.snapshot();
         let of = |map: &ambientd::discovery::snapshot::ResourceMap| {
             map.iter()
-                .map(|(name, r)| (name.clone(), r.version.clone()))
+                .map(|(name, r)| (name.clone(), r.version))
                 .collect::<BTreeMap<_, _>>()
         };
         (of(&snapshot.addresses), of(&snapshot.authorizations))

@@ -92,7 +92,7 @@ async fn syncs_a_real_cluster_and_serves_its_pods() {
     // Pods can come and go between the two lists; most must be there.
     let served = running_pods
         .iter()
-        .filter(|uid| snapshot.addresses.contains_key(*uid))
+        .filter(|uid| snapshot.addresses.contains_key(uid.as_str()))
         .count();
     assert!(
         served * 10 >= running_pods.len() * 9,

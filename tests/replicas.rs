@@ -30,13 +30,13 @@ fn contents(snapshot: &Snapshot) -> Contents {
     ] {
         for (name, resource) in map.iter() {
             assert_eq!(&resource.name, name);
-            assert_eq!(resource.type_url, type_url);
+            assert_eq!(resource.type_url(), type_url);
             all.insert(
-                (type_url, name.clone()),
+                (type_url, name.to_string()),
                 (
-                    resource.version.clone(),
+                    resource.version.to_string(),
                     resource.value.clone(),
-                    resource.aliases.clone(),
+                    resource.aliases.iter().map(|a| a.to_string()).collect(),
                 ),
             );
         }

@@ -490,9 +490,9 @@ struct Observed {
 }
 
 fn observed(s: &Snapshot) -> Observed {
-    let flat = |m: &ambientd::discovery::snapshot::PersistentMap<String, imbl::OrdSet<String>>| {
+    let flat = |m: &ambientd::discovery::snapshot::PersistentMap<Name, imbl::OrdSet<Name>>| {
         m.iter()
-            .map(|(k, v)| (k.clone(), v.iter().cloned().collect()))
+            .map(|(k, v)| (k.to_string(), v.iter().map(|n| n.to_string()).collect()))
             .collect()
     };
     Observed {
@@ -501,7 +501,7 @@ fn observed(s: &Snapshot) -> Observed {
         aliases: s
             .aliases
             .iter()
-            .map(|(k, v)| (k.clone(), v.iter().cloned().collect()))
+            .map(|(k, v)| (k.to_string(), v.iter().map(|n| n.to_string()).collect()))
             .collect(),
         members: flat(&s.members),
         policy_status: s

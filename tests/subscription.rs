@@ -3,7 +3,7 @@
 
 mod index_support;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use ambientd::discovery::model::{Kind, ObjectRef};
@@ -29,9 +29,14 @@ fn request(subscribe: &[&str], unsubscribe: &[&str]) -> DeltaDiscoveryRequest {
     }
 }
 
+/// Owned, sorted names, for comparing against a subscription's names.
+fn owned_set<S: AsRef<str>>(names: &[S]) -> BTreeSet<String> {
+    names.iter().map(|n| n.as_ref().to_string()).collect()
+}
+
 /// Names of the resources a delta sends, and the names it removes.
 fn summary(delta: &Delta) -> (Vec<String>, Vec<String>) {
-    let mut sent: Vec<String> = delta.resources.iter().map(|r| r.name.clone()).collect();
+    let mut sent: Vec<String> = delta.resources.iter().map(|r| r.name.to_string()).collect();
     sent.sort();
     let mut removed = delta.removed.clone();
     removed.sort();
@@ -90,7 +95,7 @@ fn initial_subscription() {
         let got = Subscription::initial(&strings(subscribe), &strings(unsubscribe));
         let want = Subscription {
             wildcard: *wildcard,
-            names: set(names),
+            names: owned_set(names),
         };
         assert_eq!(
             got, want,
@@ -115,7 +120,7 @@ fn subscription_update_reports_newly_added_names() {
         let got = s.update(&strings(subscribe), &strings(unsubscribe));
         assert_eq!(got, strings(added), "subscribe={subscribe:?}");
         assert_eq!(s.wildcard, *wildcard, "subscribe={subscribe:?}");
-        assert_eq!(s.names, set(names), "subscribe={subscribe:?}");
+        assert_eq!(s.names, owned_set(names), "subscribe={subscribe:?}");
     }
 }
 
@@ -223,7 +228,7 @@ fn wildcard_initial_sends_everything_in_name_order() {
         let mut state = TypeState::new(TypeKind::Address, &req);
         assert!(state.subscription.wildcard);
         let delta = state.initial(&snapshot);
-        let sent: Vec<String> = delta.resources.iter().map(|r| r.name.clone()).collect();
+        let sent: Vec<String> = delta.resources.iter().map(|r| r.name.to_string()).collect();
         assert_eq!(sent, all_names()); // sorted by name
         assert!(delta.removed.is_empty());
         // Nothing new: nothing to send.
@@ -463,7 +468,10 @@ fn explicit_initial_resource_versions_count_as_subscribed() {
     };
     let mut state = TypeState::new(TypeKind::Address, &req);
     assert!(!state.subscription.wildcard);
-    assert_eq!(state.subscription.names, set(&[&a, &uid(NS, "b"), &gone]));
+    assert_eq!(
+        state.subscription.names,
+        owned_set(&[&a, &uid(NS, "b"), &gone])
+    );
     assert_delta(&state.initial(&snapshot), &[uid(NS, "b")], &[gone]);
 }
 
@@ -545,7 +553,7 @@ fn a_slow_client_notes_each_changed_name_once_and_sends_its_latest_version() {
     assert_delta(&delta, &[uid(NS, "c")], NONE);
     assert_eq!(
         delta.resources[0].version,
-        last.addresses[&uid(NS, "c")].version
+        last.addresses[uid(NS, "c").as_str()].version
     );
     assert_eq!(state.changed_names(&last), 0);
 }
@@ -567,7 +575,7 @@ fn split_keeps_every_resource_once_under_the_limit() {
     assert!(parts[1..].iter().all(|p| p.removed.is_empty()));
     let mut sent: Vec<String> = parts
         .iter()
-        .flat_map(|p| p.resources.iter().map(|r| r.name.clone()))
+        .flat_map(|p| p.resources.iter().map(|r| r.name.to_string()))
         .collect();
     sent.sort();
     assert_eq!(sent, whole.0);

@@ -224,7 +224,7 @@ async fn reconnect_with_initial_versions_delivers_only_changes_and_removals() {
         WAIT,
         snapshots.wait_for(|s| {
             s.as_ref().is_some_and(|s| {
-                !s.addresses.contains_key(DB_1) && s.addresses[WEB_1].version != held[WEB_1]
+                !s.addresses.contains_key(DB_1) && !s.addresses[WEB_1].version.is(&held[WEB_1])
             })
         }),
     )

@@ -83,8 +83,24 @@ pub(super) fn t2(o: &Opts) {
     eprintln!("T2: generating {}", spec.label());
     let docs = cluster_json(&spec);
     let before = rss_bytes();
+    // With `--features dhat-heap`: the heap the build leaves live (index and snapshot, without
+    // the allocator's retention of the parse garbage), per pod; `dhat-heap.json` lists it by
+    // allocation site.
+    #[cfg(feature = "dhat-heap")]
+    let profiler = dhat::Profiler::builder().trim_backtraces(None).build();
     let (index, snapshot, _) = build(&docs);
     let after = rss_bytes();
+    #[cfg(feature = "dhat-heap")]
+    {
+        let heap = dhat::HeapStats::get();
+        eprintln!(
+            "  T2 heap (dhat): {:.0} B in {:.1} blocks live per pod; peak {:.0} B per pod",
+            heap.curr_bytes as f64 / spec.pods as f64,
+            heap.curr_blocks as f64 / spec.pods as f64,
+            heap.max_bytes as f64 / spec.pods as f64,
+        );
+        drop(profiler);
+    }
     let per_pod = (after.saturating_sub(before)) as f64 / spec.pods as f64;
     emit(row(
         "T2",

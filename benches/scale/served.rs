@@ -253,7 +253,7 @@ pub(super) async fn events_to_streams(
         while count < connected {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(Some((id, at, b, names))) => {
-                    if names.contains(&name) && !got[id] {
+                    if names.iter().any(|n| **n == *name) && !got[id] {
                         got[id] = true;
                         count += 1;
                         latest = latest.max(at);

@@ -142,7 +142,7 @@ impl PodTable {
                 for name in changes.addresses.names() {
                     self.remove(name);
                     if let Some(row) = snapshot.addresses.get(name).and_then(|r| pod_row(r)) {
-                        self.insert(name.clone(), row);
+                        self.insert(name.to_string(), row);
                     }
                 }
             }
@@ -150,7 +150,7 @@ impl PodTable {
                 *self = PodTable::default();
                 for (name, resource) in snapshot.addresses.iter() {
                     if let Some(row) = pod_row(resource) {
-                        self.insert(name.clone(), row);
+                        self.insert(name.to_string(), row);
                     }
                 }
             }

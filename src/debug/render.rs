@@ -1,7 +1,7 @@
 //! Resources as JSON for people: proto field names in camelCase, enums by name, IPs as
 //! strings (istiod's `/debug/ambientz` and `config_dump` habits).
 
-use crate::discovery::names::ip_from_bytes;
+use crate::discovery::names::{TypeKind, ip_from_bytes};
 
 use prost::Message;
 use serde_json::{Map, Value, json};
@@ -231,7 +231,7 @@ pub fn address(resource: &Resource) -> Value {
 
 /// A decoded resource of either type as JSON.
 pub fn resource(resource: &Resource) -> Value {
-    if resource.type_url.ends_with("Authorization") {
+    if resource.kind == TypeKind::Authorization {
         match Authorization::decode(resource.value.clone()) {
             Ok(a) => authorization(&a),
             Err(e) => json!({"error": e.to_string()}),

@@ -1,6 +1,7 @@
 //! The JSON views: connections and their sync state, what each proxy was sent, and the mesh.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use axum::Json;
@@ -180,7 +181,13 @@ pub async fn config_dump(State(state): State<DebugState>, Query(q): Query<ProxyQ
             Some(ClientView::Snapshot(snapshot)) => snapshot
                 .resources(*kind)
                 .iter()
-                .map(|(name, r)| (name.clone(), r.version.clone(), Some(render::resource(r))))
+                .map(|(name, r)| {
+                    (
+                        name.to_string(),
+                        r.version.to_string(),
+                        Some(render::resource(r)),
+                    )
+                })
                 .collect(),
             Some(ClientView::Held(held)) => held
                 .iter()
@@ -188,8 +195,8 @@ pub async fn config_dump(State(state): State<DebugState>, Query(q): Query<ProxyQ
                     // An on-demand client's resources, rendered from the latest snapshot.
                     let rendered = latest
                         .as_ref()
-                        .and_then(|s| s.resources(*kind).get(name).cloned())
-                        .filter(|r| &r.version == version)
+                        .and_then(|s| s.resources(*kind).get(name.as_str()).cloned())
+                        .filter(|r| r.version.is(version))
                         .map(|r| render::resource(&r));
                     (name.clone(), version.clone(), rendered)
                 })
@@ -231,7 +238,7 @@ pub async fn ambientz(
     };
     let mut workloads = Vec::new();
     let mut services = Vec::new();
-    let mut names: Vec<&String> = snapshot.addresses.keys().collect();
+    let mut names: Vec<&Arc<str>> = snapshot.addresses.keys().collect();
     names.sort();
     for name in names {
         let resource = &snapshot.addresses[name];
@@ -245,14 +252,14 @@ pub async fn ambientz(
             workloads.push(value);
         }
     }
-    let mut policy_names: Vec<&String> = snapshot.authorizations.keys().collect();
+    let mut policy_names: Vec<&Arc<str>> = snapshot.authorizations.keys().collect();
     policy_names.sort();
     let mut policies: Vec<Value> = policy_names
         .into_iter()
         .map(|name| {
             let mut value = render::resource(&snapshot.authorizations[name]);
             if let (Value::Object(map), Some(status)) =
-                (&mut value, snapshot.policy_status.get(name))
+                (&mut value, snapshot.policy_status.get(&**name))
             {
                 map.insert("status".into(), status_json(status));
             }
@@ -264,7 +271,7 @@ pub async fn ambientz(
     let mut unsent: Vec<(&String, _)> = snapshot
         .policy_status
         .iter()
-        .filter(|(name, _)| !snapshot.authorizations.contains_key(*name))
+        .filter(|(name, _)| !snapshot.authorizations.contains_key(name.as_str()))
         .collect();
     unsent.sort_by(|a, b| a.0.cmp(b.0));
     for (name, status) in unsent {

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 pub use crate::discovery::authorization::AuthorizationPolicy;
 pub use crate::discovery::peer_authentication::PeerAuthentication;
@@ -184,8 +185,9 @@ pub struct ContainerPort {
 // stored pods make the hash-map slot and every byte of slack count.
 pub struct Pod {
     pub name: Box<str>,
-    /// `metadata.uid`, compared with EndpointSlice `targetRef.uid`.
-    pub uid: Box<str>,
+    /// `metadata.uid`, compared with EndpointSlice `targetRef.uid`; shared with its workload
+    /// resource ([`crate::discovery::Resource::pod_uid`]).
+    pub uid: Arc<str>,
     pub namespace: Box<str>,
     pub generate_name: Box<str>,
     pub labels: Labels,

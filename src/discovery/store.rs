@@ -4,9 +4,11 @@
 //! workload, which object wins a hostname, which waypoint a name refers to). It never builds
 //! resources; the index does that.
 
+use std::borrow::Borrow;
 use std::collections::BTreeSet;
+use std::hash::{Hash, Hasher};
 
-use foldhash::HashMap;
+use foldhash::{HashMap, HashSet};
 
 use crate::discovery::index::Settings;
 use crate::discovery::model::{
@@ -29,10 +31,9 @@ pub enum ServiceRef {
     Entry(Key),
 }
 
-/// What one namespace holds, by name.
+/// What one namespace holds, by name (its pods are in [`Pods`]).
 #[derive(Debug, Default)]
 pub struct NamespaceMembers {
-    pub pods: BTreeSet<String>,
     pub services: BTreeSet<String>,
     pub slices: BTreeSet<String>,
     pub service_entries: BTreeSet<String>,
@@ -45,7 +46,7 @@ pub struct NamespaceMembers {
 pub struct Store {
     pub namespaces: HashMap<String, Namespace>,
     pub nodes: HashMap<String, Node>,
-    pub pods: HashMap<Key, Pod>,
+    pub pods: Pods,
     pub services: HashMap<Key, Service>,
     pub slices: HashMap<Key, EndpointSlice>,
     pub service_entries: HashMap<Key, ServiceEntry>,
@@ -63,11 +64,11 @@ pub struct Store {
     /// names it.
     pub slices_by_pod: HashMap<Key, BTreeSet<Key>>,
     /// Hostname -> `(namespace, object)` claiming it.
-    pub hostnames: HashMap<String, BTreeSet<(String, ServiceRef)>>,
+    pub hostnames: HashMap<String, SmallSet<(String, ServiceRef)>>,
     /// namespace -> label key -> value -> Services and ServiceEntries whose selector's first
     /// entry is that label: a workload finds the few candidates that may select it by its own
     /// labels instead of scanning every service in its namespace.
-    selectors: HashMap<String, HashMap<String, HashMap<String, BTreeSet<ServiceRef>>>>,
+    selectors: HashMap<String, HashMap<String, HashMap<String, SmallSet<ServiceRef>>>>,
 }
 
 fn key(namespace: &str, name: &str) -> Key {
@@ -103,10 +104,7 @@ impl Store {
     }
 
     pub fn pods_in<'a>(&'a self, namespace: &'a str) -> impl Iterator<Item = &'a Pod> + 'a {
-        self.members(namespace)
-            .into_iter()
-            .flat_map(|m| m.pods.iter())
-            .filter_map(move |name| self.pods.get(&key(namespace, name)))
+        self.pods.in_namespace(namespace)
     }
 
     pub fn workload_entries_in<'a>(
@@ -279,8 +277,10 @@ impl Store {
                 self.gateways.insert(k, g);
             }
             Object::Pod(p) => {
-                self.member_mut(&k.0).pods.insert(k.1.clone());
-                self.pods.insert(k, p);
+                // The namespace is listed among those with members (a root-namespace policy
+                // reaches every one of them).
+                self.member_mut(&k.0);
+                self.pods.insert(p);
             }
             Object::Service(s) => {
                 self.member_mut(&k.0).services.insert(k.1.clone());
@@ -355,11 +355,7 @@ impl Store {
                 .remove(&reference.name)
                 .map(Object::GatewayClass),
             Kind::Gateway => self.gateways.remove(&k).map(Object::Gateway),
-            Kind::Pod => {
-                let pod = self.pods.remove(&k)?;
-                self.member_mut(&k.0).pods.remove(&k.1);
-                Some(Object::Pod(pod))
-            }
+            Kind::Pod => self.pods.remove(&k.0, &k.1).map(Object::Pod),
             Kind::Service => {
                 let service = ServiceRef::Kube(k.clone());
                 let hosts = self.claimed_hostnames(&service, settings);
@@ -439,7 +435,7 @@ impl Store {
             Object::Node(o) => self.nodes.get(&o.name) == Some(o),
             Object::GatewayClass(o) => self.gateway_classes.get(&o.name) == Some(o),
             Object::Gateway(o) => self.gateways.get(&k) == Some(o),
-            Object::Pod(o) => self.pods.get(&k) == Some(o),
+            Object::Pod(o) => self.pods.get(&k.0, &k.1) == Some(o),
             Object::Service(o) => self.services.get(&k) == Some(o),
             Object::ServiceEntry(o) => self.service_entries.get(&k) == Some(o),
             Object::WorkloadEntry(o) => self.workload_entries.get(&k) == Some(o),
@@ -483,7 +479,11 @@ impl Store {
             Kind::Node => named(kind, &self.nodes),
             Kind::GatewayClass => named(kind, &self.gateway_classes),
             Kind::Gateway => keyed(kind, &self.gateways),
-            Kind::Pod => keyed(kind, &self.pods),
+            Kind::Pod => self
+                .pods
+                .iter()
+                .map(|p| ObjectRef::new(kind, &*p.namespace, &*p.name))
+                .collect(),
             Kind::Service => keyed(kind, &self.services),
             Kind::ServiceEntry => keyed(kind, &self.service_entries),
             Kind::WorkloadEntry => keyed(kind, &self.workload_entries),
@@ -491,6 +491,136 @@ impl Store {
             Kind::AuthorizationPolicy => keyed(kind, &self.policies),
             Kind::PeerAuthentication => keyed(kind, &self.peer_authentications),
         }
+    }
+}
+
+/// A sorted set kept as a vector with no spare capacity. The store's per-hostname and
+/// per-selector sets hold one or two entries each, where a `BTreeSet` allocates a node of
+/// eleven (632 to 896 bytes per Service).
+#[derive(Debug)]
+pub struct SmallSet<T>(Vec<T>);
+
+impl<T> Default for SmallSet<T> {
+    fn default() -> Self {
+        SmallSet(Vec::new())
+    }
+}
+
+impl<T: Ord> SmallSet<T> {
+    pub fn insert(&mut self, item: T) {
+        if let Err(i) = self.0.binary_search(&item) {
+            self.0.reserve_exact(1);
+            self.0.insert(i, item);
+        }
+    }
+
+    pub fn remove(&mut self, item: &T) {
+        if let Ok(i) = self.0.binary_search(item) {
+            self.0.remove(i);
+            self.0.shrink_to_fit();
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// In order.
+    pub fn iter(&self) -> std::slice::Iter<'_, T> {
+        self.0.iter()
+    }
+}
+
+impl<'a, T> IntoIterator for &'a SmallSet<T> {
+    type Item = &'a T;
+    type IntoIter = std::slice::Iter<'a, T>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+/// Pods by namespace, then name. A pod is keyed by its own `namespace` and `name` fields, so
+/// the store keeps no separate key strings nor a per-namespace name set; each pod is boxed so
+/// that a half-empty table slot costs 8 bytes, not the pod's 224.
+#[derive(Debug, Default)]
+pub struct Pods {
+    by_namespace: HashMap<Box<str>, HashSet<ByName>>,
+    len: usize,
+}
+
+/// A stored pod, hashed and compared by name (unique within its namespace's set).
+#[derive(Debug)]
+struct ByName(Box<Pod>);
+
+impl Borrow<str> for ByName {
+    fn borrow(&self) -> &str {
+        &self.0.name
+    }
+}
+
+impl PartialEq for ByName {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.name == other.0.name
+    }
+}
+
+impl Eq for ByName {}
+
+impl Hash for ByName {
+    // The same hash as the `str` it borrows as.
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.name.hash(state);
+    }
+}
+
+impl Pods {
+    pub fn get(&self, namespace: &str, name: &str) -> Option<&Pod> {
+        Some(&self.by_namespace.get(namespace)?.get(name)?.0)
+    }
+
+    /// Stores a pod; returns the one it replaces.
+    pub fn insert(&mut self, pod: Pod) -> Option<Pod> {
+        let set = match self.by_namespace.get_mut(&*pod.namespace) {
+            Some(set) => set,
+            None => self.by_namespace.entry(pod.namespace.clone()).or_default(),
+        };
+        let old = set.replace(ByName(Box::new(pod))).map(|old| *old.0);
+        self.len += usize::from(old.is_none());
+        old
+    }
+
+    pub fn remove(&mut self, namespace: &str, name: &str) -> Option<Pod> {
+        let set = self.by_namespace.get_mut(namespace)?;
+        let pod = set.take(name)?;
+        if set.is_empty() {
+            self.by_namespace.remove(namespace);
+        }
+        self.len -= 1;
+        Some(*pod.0)
+    }
+
+    /// The pods of one namespace, in no particular order.
+    pub fn in_namespace<'a>(&'a self, namespace: &str) -> impl Iterator<Item = &'a Pod> + 'a {
+        self.by_namespace
+            .get(namespace)
+            .into_iter()
+            .flat_map(|set| set.iter().map(|p| &*p.0))
+    }
+
+    /// Every pod, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = &Pod> {
+        self.by_namespace
+            .values()
+            .flat_map(|set| set.iter().map(|p| &*p.0))
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 

@@ -61,12 +61,12 @@ fn opt_len(tag: u32, len: usize) -> usize {
 
 /// The encoded `Any` of a resource.
 fn any_len(r: &Resource) -> usize {
-    opt_len(ANY_TYPE_URL, r.type_url.len()) + opt_len(ANY_VALUE, r.value.len())
+    opt_len(ANY_TYPE_URL, r.type_url().len()) + opt_len(ANY_VALUE, r.value.len())
 }
 
 /// The encoded `Resource` message (version, the `Any`, name).
 fn resource_len(r: &Resource) -> usize {
-    opt_len(RESOURCE_VERSION, r.version.len())
+    opt_len(RESOURCE_VERSION, r.version.hex_len())
         + field_len(RESOURCE_ANY, any_len(r))
         + opt_len(RESOURCE_NAME, r.name.len())
 }
@@ -97,10 +97,10 @@ impl Outgoing<'_> {
         for r in self.resources {
             encode_key(RESPONSE_RESOURCES, WireType::LengthDelimited, &mut buf);
             encode_varint(resource_len(r) as u64, &mut buf);
-            put_field(&mut buf, RESOURCE_VERSION, r.version.as_bytes());
+            put_field(&mut buf, RESOURCE_VERSION, r.version.digits(&mut [0; 16]));
             encode_key(RESOURCE_ANY, WireType::LengthDelimited, &mut buf);
             encode_varint(any_len(r) as u64, &mut buf);
-            put_field(&mut buf, ANY_TYPE_URL, r.type_url.as_bytes());
+            put_field(&mut buf, ANY_TYPE_URL, r.type_url().as_bytes());
             put_field(&mut buf, ANY_VALUE, &r.value);
             put_field(&mut buf, RESOURCE_NAME, r.name.as_bytes());
         }
@@ -129,9 +129,9 @@ mod tests {
             value: vec![7u8; payload].into(),
         };
         Arc::new(Resource::encode(
-            "type.googleapis.com/istio.workload.Address",
-            name.to_string(),
-            vec![format!("/10.0.0.{payload}")],
+            crate::discovery::names::TypeKind::Address,
+            name,
+            vec![format!("/10.0.0.{payload}").into()],
             false,
             Vec::new(),
             &message,
@@ -149,8 +149,8 @@ mod tests {
                 .resources
                 .iter()
                 .map(|r| crate::pb::xds::Resource {
-                    name: r.name.clone(),
-                    version: r.version.clone(),
+                    name: r.name.to_string(),
+                    version: r.version.to_string(),
                     aliases: Vec::new(),
                     resource: Some(r.any()),
                     ttl: None,
@@ -204,10 +204,8 @@ mod tests {
             assert_eq!(decoded.nonce, case.nonce);
             assert_eq!(decoded.resources.len(), case.resources.len());
             for (d, r) in decoded.resources.iter().zip(case.resources) {
-                assert_eq!(
-                    (d.name.as_str(), d.version.as_str()),
-                    (&*r.name, &*r.version)
-                );
+                assert_eq!(d.name.as_str(), &*r.name);
+                assert!(r.version.is(&d.version), "{}", d.version);
                 assert!(d.aliases.is_empty());
                 assert_eq!(d.resource.as_ref().unwrap().value, r.value);
             }

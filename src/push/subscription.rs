@@ -11,7 +11,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use crate::discovery::names::TypeKind;
-use crate::discovery::snapshot::{Resource, ResourceMap, Snapshot};
+use crate::discovery::snapshot::{Name, Resource, ResourceMap, Snapshot};
 use crate::pb::xds::DeltaDiscoveryRequest;
 use crate::push::known::KnownVersions;
 
@@ -135,7 +135,7 @@ pub struct TypeState {
     /// Names changed between the client's view and snapshot `seen`, each once however often it
     /// changed (bounded by the type's names); `None` once the client fell further behind than
     /// the snapshots' history reaches, when a full comparison is due.
-    changed: Option<BTreeSet<String>>,
+    changed: Option<BTreeSet<Name>>,
     /// Node-scoped mode: the proxy's node, whose [`Snapshot::node_scope`] it always gets.
     node: Option<String>,
 }
@@ -277,7 +277,7 @@ impl TypeState {
                     diff_one(name, old, resources, &mut delta);
                 }
                 for name in old.keys().filter(|name| !resources.contains_key(*name)) {
-                    delta.removed.push(name.clone());
+                    delta.removed.push(name.to_string());
                 }
             }
         }
@@ -328,7 +328,7 @@ impl TypeState {
             Some(s) => s
                 .resources(self.kind)
                 .iter()
-                .map(|(k, r)| (k.clone(), r.version.clone()))
+                .map(|(k, r)| (k.to_string(), r.version.to_string()))
                 .collect(),
             None => self.held.clone(),
         }
@@ -372,7 +372,7 @@ impl TypeState {
             match held.get_mut(name) {
                 Some((version, found)) => {
                     *found = true;
-                    if resource.version != *version {
+                    if !resource.version.is(version) {
                         delta.resources.push(resource.clone());
                     }
                 }
@@ -409,13 +409,13 @@ impl TypeState {
         wanted.extend(
             self.held
                 .keys()
-                .filter(|name| resources.contains_key(*name))
+                .filter(|name| resources.contains_key(name.as_str()))
                 .cloned(),
         );
         let mut delta = Delta::default();
         for name in &wanted {
-            if let Some(resource) = resources.get(name)
-                && self.held.get(name) != Some(&resource.version)
+            if let Some(resource) = resources.get(name.as_str())
+                && !self.held.get(name).is_some_and(|v| resource.version.is(v))
             {
                 delta.resources.push(resource.clone());
             }
@@ -423,17 +423,17 @@ impl TypeState {
         let mut removed: BTreeSet<String> = self
             .held
             .keys()
-            .filter(|name| !resources.contains_key(*name))
+            .filter(|name| !resources.contains_key(name.as_str()))
             .cloned()
             .collect();
         for key in fresh {
-            if !resources.contains_key(key) {
+            if !resources.contains_key(key.as_str()) {
                 removed.insert(key.clone());
             }
         }
         for resource in &delta.resources {
             self.held
-                .insert(resource.name.clone(), resource.version.clone());
+                .insert(resource.name.to_string(), resource.version.to_string());
         }
         for name in &removed {
             self.held.remove(name);
@@ -450,7 +450,7 @@ pub fn split(delta: Delta, max_bytes: usize) -> Vec<Delta> {
     let size = |r: &Resource| {
         // The Any and its type URL, name, version, and each field's tag and length (aliases
         // are not sent: `push::response`).
-        r.value.len() + r.type_url.len() + r.name.len() + r.version.len() + 16
+        r.value.len() + r.type_url().len() + r.name.len() + r.version.hex_len() + 16
     };
     let total: usize = delta.resources.iter().map(|r| size(r)).sum();
     if total <= max_bytes {
@@ -492,7 +492,7 @@ fn lookup(snapshot: &Snapshot, kind: TypeKind, key: &str) -> Vec<String> {
         TypeKind::Authorization => snapshot
             .authorizations
             .get(key)
-            .map(|r| vec![r.name.clone()])
+            .map(|r| vec![r.name.to_string()])
             .unwrap_or_default(),
     }
 }

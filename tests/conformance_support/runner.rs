@@ -400,9 +400,9 @@ impl Run {
                 &fresh.authorizations,
             ),
         ] {
-            let names: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            let names: BTreeSet<&Arc<str>> = a.keys().chain(b.keys()).collect();
             for name in names {
-                let (x, y) = (a.get(name), b.get(name));
+                let (x, y) = (a.get(&**name), b.get(&**name));
                 if x.map(|r| &r.value) != y.map(|r| &r.value) {
                     differences.push(format!(
                         "{kind} {name:?}: incremental {}, fresh {}",
@@ -466,13 +466,18 @@ fn summary(resource: Option<&Arc<ambientd::discovery::Resource>>) -> String {
 
 /// A lookup index (`name -> set of names`) as sorted plain collections.
 fn sorted<'a, S: 'a + ?Sized>(
-    entries: impl Iterator<Item = (&'a String, &'a S)>,
+    entries: impl Iterator<Item = (&'a Arc<str>, &'a S)>,
 ) -> BTreeMap<String, Vec<String>>
 where
-    &'a S: IntoIterator<Item = &'a String>,
+    &'a S: IntoIterator<Item = &'a Arc<str>>,
 {
     entries
-        .map(|(k, v)| (k.clone(), v.into_iter().cloned().collect()))
+        .map(|(k, v)| {
+            (
+                k.to_string(),
+                v.into_iter().map(|n| n.to_string()).collect(),
+            )
+        })
         .collect()
 }
 
@@ -499,8 +504,8 @@ impl Addr {
 }
 
 fn decode_address(resource: &ambientd::discovery::Resource) -> Result<Addr, String> {
-    if resource.type_url != ADDRESS_TYPE {
-        return Err(format!("type_url {:?}", resource.type_url));
+    if resource.type_url() != ADDRESS_TYPE {
+        return Err(format!("type_url {:?}", resource.type_url()));
     }
     let message = Address::decode(resource.value.clone()).map_err(|e| e.to_string())?;
     match message.r#type {
@@ -532,13 +537,13 @@ impl View {
                         Addr::Workload(w) => w.uid.clone(),
                         Addr::Service(s) => format!("{}/{}", s.namespace, s.hostname),
                     };
-                    if &expected_name != name || &resource.name != name {
+                    if *expected_name != **name || resource.name != *name {
                         view.problems.push(format!(
                             "invariant: Address resource {name:?} (Resource.name {:?}) holds {expected_name:?}",
                             resource.name
                         ));
                     }
-                    view.addresses.insert(name.clone(), addr);
+                    view.addresses.insert(name.to_string(), addr);
                 }
                 Err(e) => view.problems.push(format!(
                     "invariant: Address resource {name:?} does not decode: {e}"
@@ -546,22 +551,22 @@ impl View {
             }
         }
         for (name, resource) in snapshot.authorizations.iter() {
-            if resource.type_url != AUTHORIZATION_TYPE {
+            if resource.type_url() != AUTHORIZATION_TYPE {
                 view.problems.push(format!(
                     "invariant: Authorization resource {name:?} has type_url {:?}",
-                    resource.type_url
+                    resource.type_url()
                 ));
                 continue;
             }
             match Authorization::decode(resource.value.clone()) {
                 Ok(a) => {
-                    if format!("{}/{}", a.namespace, a.name) != *name {
+                    if format!("{}/{}", a.namespace, a.name) != **name {
                         view.problems.push(format!(
                             "invariant: Authorization resource {name:?} holds {}/{}",
                             a.namespace, a.name
                         ));
                     }
-                    view.authorizations.insert(name.clone(), a);
+                    view.authorizations.insert(name.to_string(), a);
                 }
                 Err(e) => view.problems.push(format!(
                     "invariant: Authorization resource {name:?} does not decode: {e}"

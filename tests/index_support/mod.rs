@@ -11,6 +11,7 @@ use ambientd::discovery::model::{
     Protocol, Resolution, Service, ServiceEntry, ServiceEntryPort, ServicePort, SliceEndpoint,
     SlicePort, TargetPort, TargetRef, WorkloadEntry,
 };
+pub use ambientd::discovery::snapshot::Name;
 use ambientd::discovery::{Index, Object, Settings, Snapshot};
 use ambientd::pb::workload::{self, Address, Workload, address};
 use bytes::Bytes;
@@ -170,8 +171,8 @@ pub fn service(index: &mut Index, name: &str) -> workload::Service {
 }
 
 /// Owned, sorted names, for comparing against sets of resource names.
-pub fn set<S: AsRef<str>>(names: &[S]) -> BTreeSet<String> {
-    names.iter().map(|n| n.as_ref().to_string()).collect()
+pub fn set<S: AsRef<str>>(names: &[S]) -> BTreeSet<Name> {
+    names.iter().map(|n| n.as_ref().into()).collect()
 }
 
 /// Every Address resource as name -> version.
@@ -179,7 +180,7 @@ pub fn versions(snapshot: &Snapshot) -> BTreeMap<String, String> {
     snapshot
         .addresses
         .iter()
-        .map(|(name, r)| (name.clone(), r.version.clone()))
+        .map(|(name, r)| (name.to_string(), r.version.to_string()))
         .collect()
 }
 
@@ -333,7 +334,7 @@ pub fn authorization_versions(snapshot: &Snapshot) -> BTreeMap<String, String> {
     snapshot
         .authorizations
         .iter()
-        .map(|(name, r)| (name.clone(), r.version.clone()))
+        .map(|(name, r)| (name.to_string(), r.version.to_string()))
         .collect()
 }
 
@@ -347,7 +348,7 @@ pub fn ip_slice(namespace: &str, name: &str, service: &str, address: &str) -> En
 
 /// Address names whose version differs between two snapshots: `(upserted, removed)`, which
 /// is what the `Changes` of the steps between them must say.
-pub fn diff(before: &Snapshot, after: &Snapshot) -> (BTreeSet<String>, BTreeSet<String>) {
+pub fn diff(before: &Snapshot, after: &Snapshot) -> (BTreeSet<Name>, BTreeSet<Name>) {
     diff_versions(&versions(before), &versions(after))
 }
 
@@ -355,16 +356,16 @@ pub fn diff(before: &Snapshot, after: &Snapshot) -> (BTreeSet<String>, BTreeSet<
 pub fn diff_versions(
     old: &BTreeMap<String, String>,
     new: &BTreeMap<String, String>,
-) -> (BTreeSet<String>, BTreeSet<String>) {
+) -> (BTreeSet<Name>, BTreeSet<Name>) {
     let upserted = new
         .iter()
         .filter(|(name, version)| old.get(*name) != Some(*version))
-        .map(|(name, _)| name.clone())
+        .map(|(name, _)| name.as_str().into())
         .collect();
     let removed = old
         .keys()
         .filter(|name| !new.contains_key(*name))
-        .cloned()
+        .map(|name| name.as_str().into())
         .collect();
     (upserted, removed)
 }

@@ -1,10 +1,8 @@
 //! Building one target's resources, and encoding each resource once.
 
 use crate::discovery::index::{Index, Target};
-use crate::discovery::names::{
-    ADDRESS_TYPE, AUTHORIZATION_TYPE, TypeKind, ip_from_bytes, network_address_key, service_key,
-};
-use crate::discovery::snapshot::Resource;
+use crate::discovery::names::{TypeKind, ip_from_bytes, network_address_key, service_key};
+use crate::discovery::snapshot::{Name, Resource};
 use crate::discovery::status::{self, DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::store::Key;
 use crate::discovery::{endpoint_slice, entry, policies, service, service_entry, workload};
@@ -116,10 +114,10 @@ impl Index {
             status: None,
         };
         match target {
-            Target::Pod(k) => addresses(
+            Target::Pod((namespace, name)) => addresses(
                 store
                     .pods
-                    .get(k)
+                    .get(namespace, name)
                     .and_then(|pod| {
                         let mut resource =
                             workload_resource(workload::build(settings, store, pod, reads)?);
@@ -195,32 +193,40 @@ pub(super) struct Built {
 
 fn authorization_resource(a: Authorization) -> Resource {
     let name = format!("{}/{}", a.namespace, a.name);
-    Resource::encode(AUTHORIZATION_TYPE, name, Vec::new(), false, Vec::new(), &a)
+    Resource::encode(
+        TypeKind::Authorization,
+        name,
+        Vec::new(),
+        false,
+        Vec::new(),
+        &a,
+    )
 }
 
 fn workload_resource(w: wl::Workload) -> Resource {
     let aliases = aliases(&w.network, &w.addresses);
-    let services = w.services.keys().cloned().collect();
-    let name = w.uid.clone();
-    let node = w.node.clone();
+    let services = w.services.keys().map(|s| s.as_str().into()).collect();
+    let name: Name = w.uid.as_str().into();
+    let node = (!w.node.is_empty()).then(|| w.node.as_str().into());
     let waypoints = waypoint_key(w.waypoint.as_ref()).into_iter().collect();
     let message = Address {
         r#type: Some(address::Type::Workload(w)),
     };
-    let mut resource = Resource::encode(ADDRESS_TYPE, name, aliases, false, services, &message);
+    let mut resource =
+        Resource::encode(TypeKind::Address, name, aliases, false, services, &message);
     resource.node = node;
     resource.waypoints = waypoints;
     resource
 }
 
 /// The lookup key of a waypoint address: `ns/hostname`, or `network/ip`.
-fn waypoint_key(waypoint: Option<&wl::GatewayAddress>) -> Option<String> {
+fn waypoint_key(waypoint: Option<&wl::GatewayAddress>) -> Option<Box<str>> {
     use wl::gateway_address::Destination;
     match waypoint?.destination.as_ref()? {
-        Destination::Hostname(h) => Some(service_key(&h.namespace, &h.hostname)),
+        Destination::Hostname(h) => Some(service_key(&h.namespace, &h.hostname).into()),
         Destination::Address(a) => {
             let ip = ip_from_bytes(&a.address)?;
-            Some(network_address_key(&a.network, &ip))
+            Some(network_address_key(&a.network, &ip).into())
         }
     }
 }
@@ -233,8 +239,8 @@ fn service_resource(s: wl::Service) -> Resource {
         .filter_map(|a| {
             let ip = ip_from_bytes(&a.address)?;
             Some(match a.length {
-                Some(len) => format!("{}/{len}", network_address_key(&a.network, &ip)),
-                None => network_address_key(&a.network, &ip),
+                Some(len) => format!("{}/{len}", network_address_key(&a.network, &ip)).into(),
+                None => network_address_key(&a.network, &ip).into(),
             })
         })
         .collect();
@@ -242,16 +248,17 @@ fn service_resource(s: wl::Service) -> Resource {
     let message = Address {
         r#type: Some(address::Type::Service(s)),
     };
-    let mut resource = Resource::encode(ADDRESS_TYPE, name, aliases, true, Vec::new(), &message);
+    let mut resource =
+        Resource::encode(TypeKind::Address, name, aliases, true, Vec::new(), &message);
     resource.waypoints = waypoints;
     resource
 }
 
 /// `network/ip` for each raw address.
-fn aliases(network: &str, addresses: &[bytes::Bytes]) -> Vec<String> {
+fn aliases(network: &str, addresses: &[bytes::Bytes]) -> Vec<Name> {
     addresses
         .iter()
         .filter_map(|raw| ip_from_bytes(raw))
-        .map(|ip| network_address_key(network, &ip))
+        .map(|ip| network_address_key(network, &ip).into())
         .collect()
 }

@@ -55,7 +55,7 @@ impl Index {
     pub(super) fn all_targets(&self) -> Vec<Target> {
         let s = &self.store;
         let mut all: Vec<Target> = Vec::new();
-        all.extend(s.pods.keys().cloned().map(Target::Pod));
+        all.extend(s.pods.iter().map(pod_target));
         all.extend(s.services.keys().cloned().map(Target::KubeService));
         all.extend(s.service_entries.keys().cloned().map(Target::EntryServices));
         all.extend(
@@ -122,7 +122,7 @@ impl Index {
                 continue;
             };
             let key = |name: &String| (ns.clone(), name.clone());
-            targets.extend(m.pods.iter().map(key).map(Target::Pod));
+            targets.extend(self.store.pods.in_namespace(&ns).map(pod_target));
             targets.extend(
                 m.workload_entries
                     .iter()
@@ -144,7 +144,7 @@ impl Index {
             return;
         };
         let key = |name: &String| (namespace.to_string(), name.clone());
-        targets.extend(m.pods.iter().map(key).map(Target::Pod));
+        targets.extend(self.store.pods.in_namespace(namespace).map(pod_target));
         targets.extend(m.services.iter().map(key).map(Target::KubeService));
         targets.extend(m.service_entries.iter().map(key).map(Target::EntryServices));
         targets.extend(
@@ -178,10 +178,7 @@ impl Index {
     ) {
         for pod in self.store.pods_in(namespace) {
             if selects(selector, &pod.labels) {
-                targets.insert(Target::Pod((
-                    pod.namespace.to_string(),
-                    pod.name.to_string(),
-                )));
+                targets.insert(pod_target(pod));
             }
         }
         for we in self.store.workload_entries_in(namespace) {
@@ -209,8 +206,8 @@ impl Index {
                 self.store
                     .pods
                     .iter()
-                    .filter(|(_, pod)| *pod.node_name == *node.name)
-                    .map(|(k, _)| Target::Pod(k.clone())),
+                    .filter(|pod| *pod.node_name == *node.name)
+                    .map(pod_target),
             ),
             // Waypoints are handled by `after_change`.
             Object::Gateway(_) | Object::GatewayClass(_) => {}
@@ -304,4 +301,9 @@ impl Index {
             }
         }
     }
+}
+
+/// The target that builds a pod's workload.
+fn pod_target(pod: &crate::discovery::model::Pod) -> Target {
+    Target::Pod((pod.namespace.to_string(), pod.name.to_string()))
 }

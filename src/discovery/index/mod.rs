@@ -16,7 +16,7 @@ use crate::discovery::authorization::{PolicyStatus, REVISION_LABEL};
 use crate::discovery::model::{Event, Kind, Object, ObjectRef};
 use crate::discovery::names::{TypeKind, pod_uid};
 use crate::discovery::snapshot::{
-    Changes, HISTORY, Names, PersistentMap, Resource, ResourceMap, Snapshot,
+    Changes, HISTORY, Name, Names, PersistentMap, Resource, ResourceMap, Snapshot, SortedMap,
 };
 use crate::discovery::status::{DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::store::{Key, Store};
@@ -85,15 +85,15 @@ pub struct Index {
     store: Store,
     addresses: ResourceMap,
     authorizations: ResourceMap,
-    aliases: PersistentMap<String, Names>,
-    members: PersistentMap<String, imbl::OrdSet<String>>,
-    by_node: PersistentMap<String, imbl::OrdSet<String>>,
+    aliases: SortedMap<Name, Names>,
+    members: PersistentMap<Name, imbl::OrdSet<Name>>,
+    by_node: PersistentMap<Name, imbl::OrdSet<Name>>,
     /// Resource names each target produced last time, sorted (most targets produce one: a
     /// boxed slice, where a `BTreeSet` would allocate a node of eleven). Pods have no entry
     /// here nor in `owners`: a pod's only resource is named from its key.
-    produced: HashMap<Target, Box<[(TypeKind, String)]>>,
+    produced: HashMap<Target, Box<[(TypeKind, Name)]>>,
     /// The target that produced each resource name.
-    owners: HashMap<(TypeKind, String), Target>,
+    owners: HashMap<(TypeKind, Name), Target>,
     /// `ZtunnelAccepted` status of each AuthorizationPolicy, by `ns/name`.
     policy_status: PersistentMap<String, PolicyStatus>,
     /// What ambientd wants on each object of a kind it writes a condition on.
@@ -114,7 +114,7 @@ impl Index {
             store: Store::default(),
             addresses: ResourceMap::default(),
             authorizations: ResourceMap::default(),
-            aliases: PersistentMap::default(),
+            aliases: SortedMap::default(),
             members: PersistentMap::default(),
             by_node: PersistentMap::default(),
             produced: HashMap::new(),
@@ -254,7 +254,7 @@ impl Index {
                 .cloned()
                 .map(Object::GatewayClass),
             Kind::Gateway => s.gateways.get(&k).cloned().map(Object::Gateway),
-            Kind::Pod => s.pods.get(&k).cloned().map(Object::Pod),
+            Kind::Pod => s.pods.get(&k.0, &k.1).cloned().map(Object::Pod),
             Kind::Service => s.services.get(&k).cloned().map(Object::Service),
             Kind::ServiceEntry => s.service_entries.get(&k).cloned().map(Object::ServiceEntry),
             Kind::WorkloadEntry => s
@@ -291,7 +291,7 @@ impl Index {
 
     fn rebuild(&mut self, targets: BTreeSet<Target>) -> Changes {
         let mut changes = Changes::default();
-        let mut released: Vec<((TypeKind, String), Target)> = Vec::new();
+        let mut released: Vec<((TypeKind, Name), Target)> = Vec::new();
         for target in targets {
             let mut reads = Vec::new();
             let built = self.build(&target, &mut reads);
@@ -304,11 +304,11 @@ impl Index {
                 // target produces that name: `produced` and `owners` need no entry for it.
                 let uid = pod_uid(&self.settings.cluster_id, namespace, name);
                 let resource = built.resources.into_iter().next().map(|(_, r)| r);
-                debug_assert!(resource.as_ref().is_none_or(|r| r.name == uid));
+                debug_assert!(resource.as_ref().is_none_or(|r| *r.name == *uid));
                 self.set_resource(TypeKind::Address, &uid, resource, &mut changes);
                 continue;
             }
-            let mut names: Vec<(TypeKind, String)> = built
+            let mut names: Vec<(TypeKind, Name)> = built
                 .resources
                 .iter()
                 .map(|(kind, r)| (*kind, r.name.clone()))
@@ -321,7 +321,7 @@ impl Index {
                 self.produced
                     .insert(target.clone(), names.into_boxed_slice())
             };
-            let now: &[(TypeKind, String)] = self.produced.get(&target).map_or(&[], |n| n);
+            let now: &[(TypeKind, Name)] = self.produced.get(&target).map_or(&[], |n| n);
             for name in before.unwrap_or_default() {
                 if now.binary_search(&name).is_err() {
                     released.push((name, target.clone()));
@@ -412,100 +412,136 @@ impl Index {
         if kind == TypeKind::Address {
             return self.set_address(name, new, changes);
         }
-        let old = self.authorizations.get(name);
-        if old.map(|r| &r.value) == new.as_ref().map(|r| &r.value) {
+        let old = self.authorizations.get_key_value(name);
+        if old.map(|(_, r)| &r.value) == new.as_ref().map(|r| &r.value) {
             return;
         }
+        let old_key = old.map(|(key, _)| key.clone());
         let changes = changes.of_mut(kind);
-        match new {
-            Some(new) => {
-                self.authorizations.insert(name.to_string(), Arc::new(new));
-                changes.upsert(name);
+        match (new, old_key) {
+            (Some(new), _) => {
+                let key = new.name.clone();
+                self.authorizations.insert(key.clone(), Arc::new(new));
+                changes.upsert(&key);
             }
-            None => {
-                self.authorizations.remove(name);
-                changes.remove(name);
+            (None, Some(key)) => {
+                self.authorizations.remove(&key);
+                changes.remove(&key);
             }
+            (None, None) => {}
         }
     }
 
     /// Stores (or removes) one Address resource, keeping the alias and member indexes in step,
     /// and records a change only if the bytes differ.
     fn set_address(&mut self, name: &str, new: Option<Resource>, changes: &mut Changes) {
-        let old = self.addresses.get(name).cloned();
-        if old.as_ref().map(|r| &r.value) == new.as_ref().map(|r| &r.value) {
+        let old = self
+            .addresses
+            .get_key_value(name)
+            .map(|(key, r)| (key.clone(), r.clone()));
+        if old.as_ref().map(|(_, r)| &r.value) == new.as_ref().map(|r| &r.value) {
             // Same bytes; only a re-created pod's uid (never sent) may differ.
-            if let (Some(old), Some(new)) = (&old, new)
+            if let (Some((key, old)), Some(mut new)) = (&old, new)
                 && old.pod_uid != new.pod_uid
             {
-                self.addresses.insert(name.to_string(), Arc::new(new));
+                // The indexes keep the old resource's shared strings.
+                new.name = key.clone();
+                new.aliases = old.aliases.clone();
+                new.services = old.services.clone();
+                new.node = old.node.clone();
+                self.addresses.insert(key.clone(), Arc::new(new));
             }
             return;
         }
-        if let Some(old) = &old {
+        if let Some((key, old)) = &old {
             self.service_count -= usize::from(old.is_service);
             for alias in &old.aliases {
                 if let Some(names) = self.aliases.get(alias) {
-                    match names_without(names, name) {
+                    match names_without(names, key) {
                         Some(names) => self.aliases.insert(alias.clone(), names),
                         None => self.aliases.remove(alias),
                     };
                 }
             }
             for svc in &old.services {
-                remove_from(&mut self.members, svc, name);
+                remove_from(&mut self.members, svc, key);
             }
-            if !old.node.is_empty() {
-                remove_from(&mut self.by_node, &old.node, name);
+            if let Some(node) = &old.node {
+                remove_from(&mut self.by_node, node, key);
             }
         }
         let changes = changes.of_mut(TypeKind::Address);
-        match new {
-            Some(new) => {
+        match (new, old) {
+            (Some(mut new), _) => {
+                let key = new.name.clone();
                 self.service_count += usize::from(new.is_service);
-                for alias in &new.aliases {
-                    let names = names_with(self.aliases.get(alias), name);
-                    self.aliases.insert(alias.clone(), names);
+                for alias in new.aliases.iter_mut() {
+                    let names = names_with(self.aliases.get(&**alias), &key);
+                    *alias = insert_shared(&mut self.aliases, alias, names);
                 }
-                for svc in &new.services {
-                    self.members
-                        .entry(svc.clone())
-                        .or_default()
-                        .insert(name.to_string());
+                for svc in new.services.iter_mut() {
+                    *svc = add_to(&mut self.members, svc, &key);
                 }
-                if !new.node.is_empty() {
-                    self.by_node
-                        .entry(new.node.clone())
-                        .or_default()
-                        .insert(name.to_string());
+                if let Some(node) = &mut new.node {
+                    *node = add_to(&mut self.by_node, node, &key);
                 }
-                self.addresses.insert(name.to_string(), Arc::new(new));
-                changes.upsert(name);
+                self.addresses.insert(key.clone(), Arc::new(new));
+                changes.upsert(&key);
             }
-            None => {
-                self.addresses.remove(name);
-                changes.remove(name);
+            (None, Some((key, _))) => {
+                self.addresses.remove(&key);
+                changes.remove(&key);
             }
+            (None, None) => {}
+        }
+    }
+}
+
+/// Sets `map[key] = value`, keeping the key already stored (one allocation for every resource
+/// that names it); returns that key.
+fn insert_shared<V: Clone>(map: &mut SortedMap<Name, V>, key: &Name, value: V) -> Name {
+    match map.get_key_value_mut(&**key) {
+        Some((stored, slot)) => {
+            *slot = value;
+            stored.clone()
+        }
+        None => {
+            map.insert(key.clone(), value);
+            key.clone()
+        }
+    }
+}
+
+/// Adds `name` to the set at `key`, keeping the key already stored; returns that key.
+fn add_to(map: &mut PersistentMap<Name, imbl::OrdSet<Name>>, key: &Name, name: &Name) -> Name {
+    match map.get_key_value_mut(&**key) {
+        Some((stored, set)) => {
+            set.insert(name.clone());
+            stored.clone()
+        }
+        None => {
+            map.insert(key.clone(), imbl::OrdSet::unit(name.clone()));
+            key.clone()
         }
     }
 }
 
 /// `names` (sorted) with `name` added.
-fn names_with(names: Option<&Names>, name: &str) -> Names {
-    let mut names: Vec<String> = names.map(|n| n.to_vec()).unwrap_or_default();
-    if let Err(i) = names.binary_search_by(|n| n.as_str().cmp(name)) {
-        names.insert(i, name.to_string());
+fn names_with(names: Option<&Names>, name: &Name) -> Names {
+    let mut names: Vec<Name> = names.map(|n| n.to_vec()).unwrap_or_default();
+    if let Err(i) = names.binary_search(name) {
+        names.insert(i, name.clone());
     }
     names.into()
 }
 
 /// `names` without `name`; `None` when nothing is left.
 fn names_without(names: &Names, name: &str) -> Option<Names> {
-    let left: Vec<String> = names.iter().filter(|n| *n != name).cloned().collect();
+    let left: Vec<Name> = names.iter().filter(|n| ***n != *name).cloned().collect();
     (!left.is_empty()).then(|| left.into())
 }
 
-fn remove_from(map: &mut PersistentMap<String, imbl::OrdSet<String>>, key: &str, name: &str) {
+fn remove_from(map: &mut PersistentMap<Name, imbl::OrdSet<Name>>, key: &str, name: &str) {
     if let Some(set) = map.get_mut(key) {
         set.remove(name);
         if set.is_empty() {
