@@ -212,13 +212,8 @@ pub type PersistentMap<K, V> =
 /// Resource names, sorted and unique, shared between snapshots.
 pub type Names = Arc<[Name]>;
 
-/// A persistent sorted map (a B-tree of 16-key nodes, at least half full), for the maps with an
-/// entry per workload. At 100k entries a [`PersistentMap`]'s leaves are 16-slot arrays holding
-/// about three entries each: about 200 B of node per entry (dhat, T2), against about 50 here.
-pub type SortedMap<K, V> = imbl::OrdMap<K, V>;
-
 /// Resources of one type by name.
-pub type ResourceMap = SortedMap<Name, Arc<Resource>>;
+pub type ResourceMap = PersistentMap<Name, Arc<Resource>>;
 
 /// How many recent `Changes` a snapshot remembers, so a connection that skipped a few snapshots
 /// can still catch up by names instead of a full diff.
@@ -234,7 +229,7 @@ pub struct Snapshot {
     /// `network/ip` -> names of Address resources with that address (workloads and services).
     /// Usually one name each, so a sorted slice rather than a set (an `imbl::OrdSet` of one
     /// name allocates a node of sixteen).
-    pub aliases: SortedMap<Name, Names>,
+    pub aliases: PersistentMap<Name, Names>,
     /// Service name (`ns/hostname`) -> uids of workloads whose services map holds it.
     pub members: PersistentMap<Name, imbl::OrdSet<Name>>,
     /// Node name -> the workloads on it.

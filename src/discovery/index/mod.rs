@@ -16,7 +16,7 @@ use crate::discovery::authorization::{PolicyStatus, REVISION_LABEL};
 use crate::discovery::model::{Event, Kind, Object, ObjectRef};
 use crate::discovery::names::{TypeKind, pod_uid};
 use crate::discovery::snapshot::{
-    Changes, HISTORY, Name, Names, PersistentMap, Resource, ResourceMap, Snapshot, SortedMap,
+    Changes, HISTORY, Name, Names, PersistentMap, Resource, ResourceMap, Snapshot,
 };
 use crate::discovery::status::{DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::store::{Key, Store};
@@ -85,7 +85,7 @@ pub struct Index {
     store: Store,
     addresses: ResourceMap,
     authorizations: ResourceMap,
-    aliases: SortedMap<Name, Names>,
+    aliases: PersistentMap<Name, Names>,
     members: PersistentMap<Name, imbl::OrdSet<Name>>,
     by_node: PersistentMap<Name, imbl::OrdSet<Name>>,
     /// Resource names each target produced last time, sorted (most targets produce one: a
@@ -114,7 +114,7 @@ impl Index {
             store: Store::default(),
             addresses: ResourceMap::default(),
             authorizations: ResourceMap::default(),
-            aliases: SortedMap::default(),
+            aliases: PersistentMap::default(),
             members: PersistentMap::default(),
             by_node: PersistentMap::default(),
             produced: HashMap::new(),
@@ -499,7 +499,7 @@ impl Index {
 
 /// Sets `map[key] = value`, keeping the key already stored (one allocation for every resource
 /// that names it); returns that key.
-fn insert_shared<V: Clone>(map: &mut SortedMap<Name, V>, key: &Name, value: V) -> Name {
+fn insert_shared<V: Clone>(map: &mut PersistentMap<Name, V>, key: &Name, value: V) -> Name {
     match map.get_key_value_mut(&**key) {
         Some((stored, slot)) => {
             *slot = value;
