@@ -245,7 +245,12 @@ pub struct Snapshot {
     pub statuses: PersistentMap<StatusTarget, DesiredStatus>,
     /// When the publisher handed it out (set by the publishing task, for convergence metrics).
     pub published_at: Option<std::time::Instant>,
+    /// Each type's resources as one flat list, built on first use ([`Snapshot::flat`]).
+    pub flat: [std::sync::OnceLock<FlatList>; 2],
 }
+
+/// A type's resources in one contiguous list: name, version, resource.
+pub type FlatList = Arc<[(Name, Version, Arc<Resource>)]>;
 
 impl Snapshot {
     pub fn resources(&self, kind: TypeKind) -> &ResourceMap {
@@ -253,6 +258,25 @@ impl Snapshot {
             TypeKind::Address => &self.addresses,
             TypeKind::Authorization => &self.authorizations,
         }
+    }
+
+    /// A type's resources as one flat list, built the first time it is asked for and then
+    /// shared by every stream on this snapshot. A reconnecting proxy's known versions are
+    /// compared by walking every resource once (T6: 1,000 proxies × 100k resources); walking
+    /// the persistent map's nodes cost about a third of that storm, a contiguous list a
+    /// fraction. About 32 B per resource, only on snapshots that saw a reconnect, and freed
+    /// with the snapshot.
+    pub fn flat(&self, kind: TypeKind) -> &FlatList {
+        let slot = match kind {
+            TypeKind::Address => &self.flat[0],
+            TypeKind::Authorization => &self.flat[1],
+        };
+        slot.get_or_init(|| {
+            self.resources(kind)
+                .iter()
+                .map(|(name, resource)| (name.clone(), resource.version, resource.clone()))
+                .collect()
+        })
     }
 
     /// The resource changes between generation `since` and this snapshot, if history still

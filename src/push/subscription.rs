@@ -359,7 +359,6 @@ impl TypeState {
     ) -> Delta {
         self.seen = snapshot.generation;
         self.changed = Some(BTreeSet::new());
-        let resources = snapshot.resources(self.kind);
         // name -> (version, whether the snapshot has it).
         let mut held: HashMap<&str, (&str, bool), foldhash::fast::RandomState> = HashMap::default();
         held.reserve(count);
@@ -367,12 +366,12 @@ impl TypeState {
             held.insert(name, (version, false));
         }
         let mut delta = Delta::default();
-        for (name, resource) in resources.iter() {
+        for (name, resource_version, resource) in snapshot.flat(self.kind).iter() {
             let name: &str = name.as_ref();
             match held.get_mut(name) {
                 Some((version, found)) => {
                     *found = true;
-                    if !resource.version.is(version) {
+                    if !resource_version.is(version) {
                         delta.resources.push(resource.clone());
                     }
                 }

@@ -228,6 +228,7 @@ impl Index {
             policy_status: self.policy_status.clone(),
             statuses: self.statuses.clone(),
             published_at: None,
+            flat: Default::default(),
         })
     }
 
