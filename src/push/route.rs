@@ -326,8 +326,22 @@ mod tests {
     use crate::pb::xds::DeltaDiscoveryRequest;
     use futures::StreamExt;
 
-    /// A body that yields the given chunks.
-    struct Chunks(std::collections::VecDeque<Bytes>);
+    /// A body that yields the given chunks, counting how many it gave.
+    struct Chunks(
+        std::collections::VecDeque<Bytes>,
+        Arc<std::sync::atomic::AtomicUsize>,
+    );
+
+    impl Chunks {
+        fn new(chunks: impl Into<std::collections::VecDeque<Bytes>>) -> Self {
+            Chunks(chunks.into(), Arc::default())
+        }
+
+        /// How many chunks it has given so far.
+        fn given(&self) -> Arc<std::sync::atomic::AtomicUsize> {
+            self.1.clone()
+        }
+    }
 
     impl http_body::Body for Chunks {
         type Data = Bytes;
@@ -337,7 +351,11 @@ mod tests {
             mut self: Pin<&mut Self>,
             _cx: &mut Context<'_>,
         ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-            Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
+            let chunk = self.0.pop_front();
+            if chunk.is_some() {
+                self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Poll::Ready(chunk.map(|b| Ok(Frame::data(b))))
         }
     }
 
@@ -365,8 +383,8 @@ mod tests {
         let mut wire = big.clone();
         wire.extend_from_slice(&small);
         // Chunks of 16 KiB, as HTTP/2 delivers them.
-        let chunks = wire.chunks(16 * 1024).map(Bytes::copy_from_slice).collect();
-        let mut requests = Requests::new(Chunks(chunks));
+        let chunks: Vec<Bytes> = wire.chunks(16 * 1024).map(Bytes::copy_from_slice).collect();
+        let mut requests = Requests::new(Chunks::new(chunks));
         let (_, known) = requests.next().await.unwrap().ok().unwrap();
         assert_eq!(known.len(), 20_000);
         // The large request's buffer is not kept for the rest of the stream.
@@ -379,28 +397,6 @@ mod tests {
         assert_eq!(second.response_nonce, "2");
         assert!(requests.next().await.is_none());
         assert!(big.len() > 900_000, "{}", big.len());
-    }
-
-    /// A body that yields the given chunks and counts how many it gave.
-    struct Counted(
-        std::collections::VecDeque<Bytes>,
-        Arc<std::sync::atomic::AtomicUsize>,
-    );
-
-    impl http_body::Body for Counted {
-        type Data = Bytes;
-        type Error = Status;
-
-        fn poll_frame(
-            mut self: Pin<&mut Self>,
-            _cx: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-            let chunk = self.0.pop_front();
-            if chunk.is_some() {
-                self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
-            Poll::Ready(chunk.map(|b| Ok(Frame::data(b))))
-        }
     }
 
     /// A large request is read only with room in the shared budget: while another stream holds
@@ -418,8 +414,9 @@ mod tests {
         let chunks: std::collections::VecDeque<Bytes> =
             wire.chunks(16 * 1024).map(Bytes::copy_from_slice).collect();
         let count = chunks.len();
-        let read = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let mut requests = Requests::new(Counted(chunks, read.clone())).with_budget(budget.clone());
+        let body = Chunks::new(chunks);
+        let read = body.given();
+        let mut requests = Requests::new(body).with_budget(budget.clone());
 
         // Another stream holds most of the budget.
         let held = budget
@@ -450,7 +447,7 @@ mod tests {
             .unwrap();
         let small = grpc(&request("2", 10));
         let mut requests =
-            Requests::new(Chunks([Bytes::from(small)].into())).with_budget(budget.clone());
+            Requests::new(Chunks::new([Bytes::from(small)])).with_budget(budget.clone());
         let (second, _) = requests.next().await.unwrap().ok().unwrap();
         assert_eq!(second.response_nonce, "2");
         drop(all);
@@ -471,7 +468,7 @@ mod tests {
             ),
         ];
         for (wire, code, text) in cases {
-            let mut requests = Requests::new(Chunks([Bytes::from(wire)].into()));
+            let mut requests = Requests::new(Chunks::new([Bytes::from(wire)]));
             match requests.next().await {
                 Some(Err(Inbound::Invalid(status))) => {
                     assert_eq!(status.code(), code);
