@@ -6,6 +6,7 @@
 
 pub mod indexer;
 pub mod known;
+pub mod listener;
 pub mod outbound;
 pub mod registry;
 pub mod response;

@@ -39,45 +39,7 @@ use crate::push::subscription::{Delta, RequestKind, TypeState, classify, split};
 /// workloads, so in practice it does not happen.
 pub const MAX_RESPONSE_BYTES: usize = 100 * 1024 * 1024;
 
-/// How often the server pings an idle connection, and how long it waits for the answer
-/// (istiod's keepalive: 30 s and 10 s). ztunnel pings every 30 s itself; the h2 server answers
-/// pings at any rate (it has no ping-abuse limit, so no ENHANCE_YOUR_CALM), which is tested.
-pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
-pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The tonic server settings for a listener that serves xDS (15010, and 15012 with the CA):
-/// keepalive so that dead proxies are noticed. HTTP/2 windows stay at hyper's defaults: the
-/// server's receive windows only bound what proxies upload (requests; the largest is a
-/// reconnect's `initial_resource_versions`), and how fast responses go out is set by the
-/// proxy's windows (ztunnel: hyper's client defaults). None of the HTTP/2 settings tonic or
-/// hyper expose changes what an idle connection holds: windows are counters, 16 KiB frames are
-/// HTTP/2's minimum, and h2's codec buffers (16 KiB write, 8 KiB read, 4 KiB HPACK) are fixed
-/// (BENCHMARKS.md, T7).
-pub fn grpc_server() -> tonic::transport::Server {
-    tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
-}
-
-/// Binds a listener for proxies (15010, 15012) with an accept queue as long as the kernel
-/// allows (`net.core.somaxconn`, as Go's listeners and so istiod's use), not tokio's 1,024.
-/// After a control-plane restart every ztunnel reconnects at once; while the server is busy
-/// answering the first of them, a short queue overflows, and the kernel then drops or resets
-/// the rest (measured: T6 with 1,000 clients, BENCHMARKS.md).
-pub fn listen(address: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
-    let socket = match address {
-        std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
-        std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
-    };
-    socket.set_reuseaddr(true)?;
-    socket.bind(address)?;
-    let backlog = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
-        .ok()
-        .and_then(|text| text.trim().parse::<u32>().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(4096);
-    socket.listen(backlog)
-}
+pub use crate::push::listener::{KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, grpc_server, listen};
 
 /// The ADS service: hands each stream to its own connection task.
 #[derive(Clone)]
