@@ -48,6 +48,12 @@ const KEEP_BUFFER: usize = 16 * 1024;
 /// (the stream's window, at most, waits in the server). Streams take their turn in order.
 pub const REQUEST_BUDGET_BYTES: usize = 128 * 1024 * 1024;
 
+/// How long a stream may hold budget for one request. A proxy that sends part of a large
+/// request and then nothing would otherwise keep its share of the budget for the connection's
+/// life; the stream is ended instead (ztunnel reconnects). 60 s is 8 MB (a reconnect at 100k
+/// resources) at well under 1 Mbit/s.
+pub const BUDGET_HOLD: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The budget's unit: one permit per KiB.
 const BUDGET_UNIT: usize = 1024;
 
@@ -184,6 +190,9 @@ pub struct Requests<B> {
     budget: Option<(PollSemaphore, u32)>,
     /// The budget taken for the message being read.
     permit: Option<OwnedSemaphorePermit>,
+    /// How long the permit may be held ([`BUDGET_HOLD`]), and until when it is.
+    hold: std::time::Duration,
+    hold_until: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 /// What the buffer holds. A return value, never stored: its size does not matter.
@@ -204,6 +213,8 @@ impl<B> Requests<B> {
             done: false,
             budget: None,
             permit: None,
+            hold: BUDGET_HOLD,
+            hold_until: None,
         }
     }
 
@@ -258,6 +269,7 @@ impl<B> Requests<B> {
         // Decoded, and the message's bytes freed: the budget goes to the next stream. The
         // request itself is handled at once, in the same poll of the connection's task.
         self.permit = None;
+        self.hold_until = None;
         Next::Message(decoded)
     }
 }
@@ -277,6 +289,7 @@ where
                         self.done = true;
                         self.buf = BytesMut::new();
                         self.permit = None;
+                        self.hold_until = None;
                     }
                     return Poll::Ready(Some(message));
                 }
@@ -290,6 +303,8 @@ where
                             // `None`: the budget was closed; read on without it.
                             if permit.is_none() {
                                 self.budget = None;
+                            } else {
+                                self.hold_until = Some(Box::pin(tokio::time::sleep(self.hold)));
                             }
                             self.permit = permit;
                             continue;
@@ -300,6 +315,22 @@ where
             }
             if self.done {
                 return Poll::Ready(None);
+            }
+            if let Some(deadline) = self.hold_until.as_mut()
+                && deadline.as_mut().poll(cx).is_ready()
+            {
+                let waiting = self.buf.len();
+                self.done = true;
+                self.buf = BytesMut::new();
+                self.permit = None;
+                self.hold_until = None;
+                return Poll::Ready(Some(Err(Inbound::Invalid(Status::deadline_exceeded(
+                    format!(
+                        "a large DeltaDiscoveryRequest was not received within {:?} \
+                         ({waiting} bytes arrived); reconnect and send it again",
+                        self.hold
+                    ),
+                )))));
             }
             match Pin::new(&mut self.body).poll_frame(cx) {
                 Poll::Pending => return Poll::Pending,
@@ -451,6 +482,57 @@ mod tests {
         let (second, _) = requests.next().await.unwrap().ok().unwrap();
         assert_eq!(second.response_nonce, "2");
         drop(all);
+    }
+
+    /// A body that yields its chunks and then stalls (neither data nor end).
+    struct Stalls(std::collections::VecDeque<Bytes>);
+
+    impl http_body::Body for Stalls {
+        type Data = Bytes;
+        type Error = Status;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+            match self.0.pop_front() {
+                Some(chunk) => Poll::Ready(Some(Ok(Frame::data(chunk)))),
+                None => Poll::Pending,
+            }
+        }
+    }
+
+    /// A proxy that sends part of a large request and then nothing gives its budget back after
+    /// [`BUDGET_HOLD`]: its stream ends with a status that says why.
+    #[tokio::test]
+    async fn a_stalled_large_request_gives_the_budget_back() {
+        let budget = RequestBudget::new(1024 * 1024);
+        let wire = grpc(&request("1", 10_000));
+        let first_half = Bytes::copy_from_slice(&wire[..wire.len() / 2]);
+        let mut requests = Requests::new(Stalls([first_half].into())).with_budget(budget.clone());
+        requests.hold = std::time::Duration::from_millis(300);
+        assert!(futures::poll!(requests.next()).is_pending());
+        assert!(budget.available() < 1024 * 1024, "no budget taken");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(futures::poll!(requests.next()).is_pending());
+        let started = std::time::Instant::now();
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(5), requests.next())
+            .await
+            .expect("the stalled request was never given up");
+        assert!(started.elapsed() >= std::time::Duration::from_millis(150));
+        match ended {
+            Some(Err(Inbound::Invalid(status))) => {
+                assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
+                assert!(
+                    status.message().contains("not received"),
+                    "{}",
+                    status.message()
+                );
+            }
+            _ => panic!("expected the stream to end with DeadlineExceeded"),
+        }
+        assert_eq!(budget.available(), 1024 * 1024);
+        assert!(requests.next().await.is_none());
     }
 
     #[tokio::test]
