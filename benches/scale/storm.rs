@@ -291,10 +291,11 @@ pub(super) async fn loopback_throughput(total: usize) -> f64 {
     let server = tokio::spawn(async move {
         let (tcp, _) = listener.accept().await.expect("accept");
         tcp.set_nodelay(true).expect("nodelay");
-        // hyper's server windows (1 MiB for the stream and the connection), as ambientd has.
+        // The server's receive windows, as ambientd has them.
+        let window = ambientd::push::listener::RECEIVE_WINDOW;
         let mut connection = h2::server::Builder::new()
-            .initial_window_size(1 << 20)
-            .initial_connection_window_size(1 << 20)
+            .initial_window_size(window)
+            .initial_connection_window_size(window)
             .handshake::<_, Bytes>(tcp)
             .await
             .expect("handshake");

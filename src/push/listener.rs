@@ -8,18 +8,27 @@ use std::time::Duration;
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The server's HTTP/2 receive windows (stream and connection): how much of a request a proxy
+/// may send before the server reads it. A stream waiting for the large-request budget
+/// (`route::REQUEST_BUDGET_BYTES`) holds up to this much of its request in HTTP/2's buffers: at
+/// hyper's default of 1 MiB, 1,000 reconnecting proxies held about 1 GB that way (T6). 256 KiB
+/// still uploads a reconnect's 8 MB request at hundreds of MB/s over an in-cluster round trip.
+pub const RECEIVE_WINDOW: u32 = 256 * 1024;
+
 /// The tonic server settings for a listener that serves xDS (15010, and 15012 with the CA):
-/// keepalive so that dead proxies are noticed. HTTP/2 windows stay at hyper's defaults: the
-/// server's receive windows only bound what proxies upload (requests; the largest is a
-/// reconnect's `initial_resource_versions`), and how fast responses go out is set by the
-/// proxy's windows (ztunnel: hyper's client defaults). None of the HTTP/2 settings tonic or
-/// hyper expose changes what an idle connection holds: windows are counters, 16 KiB frames are
-/// HTTP/2's minimum, and h2's codec buffers (16 KiB write, 8 KiB read, 4 KiB HPACK) are fixed
+/// keepalive so that dead proxies are noticed, and [`RECEIVE_WINDOW`]. The receive windows only
+/// bound what proxies upload (requests; the largest is a reconnect's
+/// `initial_resource_versions`); how fast responses go out is set by the proxy's windows
+/// (ztunnel: hyper's client defaults). None of the HTTP/2 settings tonic or hyper expose
+/// changes what an idle connection holds: windows are counters, 16 KiB frames are HTTP/2's
+/// minimum, and h2's codec buffers (16 KiB write, 8 KiB read, 4 KiB HPACK) are fixed
 /// (BENCHMARKS.md, T7).
 pub fn grpc_server() -> tonic::transport::Server {
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .initial_stream_window_size(Some(RECEIVE_WINDOW))
+        .initial_connection_window_size(Some(RECEIVE_WINDOW))
 }
 
 /// Binds a listener for proxies (15010, 15012) with an accept queue as long as the kernel
