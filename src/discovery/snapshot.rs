@@ -246,7 +246,7 @@ pub struct Snapshot {
     /// When the publisher handed it out (set by the publishing task, for convergence metrics).
     pub published_at: Option<std::time::Instant>,
     /// Each type's resources as one flat list, built on first use ([`Snapshot::flat`]).
-    pub flat: [std::sync::OnceLock<FlatList>; 2],
+    pub(crate) flat: [std::sync::OnceLock<FlatList>; 2],
 }
 
 /// A type's resources in one contiguous list: name, version, resource.
