@@ -5,8 +5,8 @@
 #
 #   docker build -t ambientd:0.1.0 .
 #
-# The dependency layer is cached until Cargo.toml, Cargo.lock, build.rs or proto/ change: it
-# builds every dependency against placeholder sources first. build.rs compiles proto/ with
+# The dependency layer is cached until Cargo.toml, Cargo.lock, build.rs, proto/ or vendor/
+# change: it builds every dependency against placeholder sources first. build.rs compiles proto/ with
 # protox (pure Rust), so no protoc is needed.
 
 ARG RUST_VERSION=1.95
@@ -19,6 +19,8 @@ ENV CARGO_TERM_COLOR=never
 #    its benches, so placeholders for them too.
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto proto
+# h2 with ambientd's idle-connection memory patch (vendor/h2/AMBIENTD-PATCH.md).
+COPY vendor vendor
 RUN mkdir -p src benches \
  && echo 'fn main() {}' > src/main.rs \
  && touch src/lib.rs \
