@@ -143,6 +143,25 @@ struct Figures {
     pods_per_second: f64,
     bytes_per_pod: f64,
     seconds: f64,
+    /// CPU time this process used per pod (all threads, user + system), in µs: unlike the
+    /// rate, it hardly depends on what else the machine runs.
+    cpu_per_pod_us: f64,
+}
+
+/// CPU time used by this process so far (all threads, user + system), from /proc/self/stat.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let field = |n: usize| -> u64 {
+        rest.split_whitespace()
+            .nth(n)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime are fields 14 and 15 of the whole line (11 and 12 after the command),
+    // in clock ticks of 10 ms.
+    Duration::from_millis((field(11) + field(12)) * 10)
 }
 
 async fn wait_for_workloads(running: &app::Running, pods: usize) {
@@ -271,7 +290,7 @@ async fn run(mode: &str, pods: usize, debounce: Duration) -> Figures {
     };
     let (before, started, running) = match mode {
         "list" => {
-            let before = rss();
+            let before = (rss(), cpu_time());
             let started = Instant::now();
             let running = app::start(config).await.expect("start");
             (before, started, running)
@@ -280,7 +299,7 @@ async fn run(mode: &str, pods: usize, debounce: Duration) -> Figures {
             let running = app::start(config).await.expect("start");
             fake.say("stage");
             fake.expect("staged");
-            let before = rss();
+            let before = (rss(), cpu_time());
             let started = Instant::now();
             fake.say("release");
             (before, started, running)
@@ -289,7 +308,8 @@ async fn run(mode: &str, pods: usize, debounce: Duration) -> Figures {
     };
     wait_for_workloads(&running, pods).await;
     let seconds = started.elapsed().as_secs_f64();
-    let grown = rss().saturating_sub(before);
+    let cpu = cpu_time().saturating_sub(before.1);
+    let grown = rss().saturating_sub(before.0);
     let generation = running
         .snapshots
         .borrow()
@@ -301,6 +321,7 @@ async fn run(mode: &str, pods: usize, debounce: Duration) -> Figures {
         pods_per_second: pods as f64 / seconds,
         bytes_per_pod: grown as f64 / pods as f64,
         seconds,
+        cpu_per_pod_us: cpu.as_secs_f64() * 1e6 / pods as f64,
     }
 }
 
@@ -381,6 +402,7 @@ fn decode_only(pods: usize) -> Figures {
         pods_per_second: pods as f64 / total.as_secs_f64(),
         bytes_per_pod: grown as f64 / pods as f64,
         seconds: total.as_secs_f64(),
+        cpu_per_pod_us: total.as_secs_f64() * 1e6 / pods as f64,
     }
 }
 
@@ -440,8 +462,8 @@ fn main() {
             runtime.block_on(run(mode, pods, debounce))
         };
         println!(
-            "{mode:>5}: {:>9.0} pods/s  {:>6.0} B/pod (RSS growth)  {:.2} s",
-            figures.pods_per_second, figures.bytes_per_pod, figures.seconds
+            "{mode:>5}: {:>9.0} pods/s  {:>6.0} B/pod (RSS growth)  {:.2} s  {:.1} µs CPU/pod",
+            figures.pods_per_second, figures.bytes_per_pod, figures.seconds, figures.cpu_per_pod_us
         );
     }
 }
