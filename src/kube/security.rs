@@ -19,7 +19,7 @@ use crate::discovery::authorization::{
 };
 use crate::discovery::model::Labels;
 use crate::discovery::peer_authentication::{MtlsMode, PeerAuthentication};
-use crate::kube::objects::string_map;
+use crate::kube::objects::{parse, string_map};
 
 const API_VERSIONS: [&str; 2] = ["security.istio.io/v1", "security.istio.io/v1beta1"];
 
@@ -95,14 +95,6 @@ fn check_type(value: &Value, kind: &str) -> Result<(), String> {
         return Err(format!("kind: {:?} is not {kind}", field("kind")));
     }
     Ok(())
-}
-
-/// Decodes with the failing field's path in the message (`spec.rules[0].from: invalid type`).
-fn parse<T: for<'de> Deserialize<'de>>(value: &Value) -> Result<T, String> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        format!("{path}: {}", e.into_inner())
-    })
 }
 
 fn action_named(name: &str) -> PolicyAction {
