@@ -63,12 +63,15 @@ pub struct PodFields {
 
 /// A reduced Pod, packed: its fields read through methods named as those of [`PodFields`].
 ///
-/// `text` holds the strings in this order: the [`FIXED`] ones (name, namespace, generate name,
+/// `text` holds the strings in this order: the fixed ones (name, namespace, generate name,
 /// phase, service account, node name, owner kind and name), each annotation's key and value,
-/// each port's name. `table` holds, in order: the [`HEAD`] words (flags, and the annotation,
-/// port and IP counts); the end offset in `text` of each string; one word per port (number, and protocol
-/// above bit 16); and per IP a family word (4 or 6) followed by its 1 or 4 address words.
-/// The encoding is canonical, so two pods are equal exactly when their fields are.
+/// each port's name. The generate name and the owner's name are nearly always prefixes of the
+/// name (`web-7d4b9-` and `web-7d4b9` of `web-7d4b9-x2x`); such a one is empty in `text` and
+/// read as the name's first bytes, its length in the prefixes word. `table` holds, in order:
+/// the head words (flags, the annotation, port and IP counts, the prefixes); the end offset in
+/// `text` of each string; one word per port (number, and protocol above bit 16); and per IP a
+/// family word (4 or 6) followed by its 1 or 4 address words. The encoding is canonical, so
+/// two pods are equal exactly when their fields are.
 #[derive(Clone, PartialEq)]
 pub struct Pod {
     uid: Arc<str>,
@@ -94,13 +97,17 @@ const FLAGS: usize = 0;
 const ANNOTATIONS: usize = 1;
 const PORTS: usize = 2;
 const IPS: usize = 3;
-const HEAD: usize = 4;
+/// The generate name's length (low half) and the owner name's (high half) when prefixes.
+const PREFIXES: usize = 4;
+const HEAD: usize = 5;
 
 // The bits of `table[FLAGS]`.
 const TERMINATING: u32 = 1;
 const READY: u32 = 2;
 const HOST_NETWORK: u32 = 4;
 const HAS_OWNER: u32 = 8;
+const GENERATE_NAME_IS_PREFIX: u32 = 16;
+const OWNER_NAME_IS_PREFIX: u32 = 32;
 
 impl Pod {
     pub fn name(&self) -> &str {
@@ -117,7 +124,7 @@ impl Pod {
     }
 
     pub fn generate_name(&self) -> &str {
-        self.string(GENERATE_NAME)
+        self.name_or_prefix(GENERATE_NAME, GENERATE_NAME_IS_PREFIX, 0)
     }
 
     pub fn labels(&self) -> &Labels {
@@ -140,7 +147,7 @@ impl Pod {
     pub fn owner(&self) -> Option<Owner<&str>> {
         self.flag(HAS_OWNER).then(|| Owner {
             kind: self.string(OWNER_KIND),
-            name: self.string(OWNER_NAME),
+            name: self.name_or_prefix(OWNER_NAME, OWNER_NAME_IS_PREFIX, 16),
         })
     }
 
@@ -249,6 +256,16 @@ impl Pod {
         self.strings_end() + self.count(PORTS)
     }
 
+    /// String `i`, or (`flag` set) the name's first bytes, as many as the half of the prefixes
+    /// word at `shift`.
+    fn name_or_prefix(&self, i: usize, flag: u32, shift: u32) -> &str {
+        if self.flag(flag) {
+            &self.name()[..(self.table[PREFIXES] >> shift & 0xffff) as usize]
+        } else {
+            self.string(i)
+        }
+    }
+
     fn string(&self, i: usize) -> &str {
         let start = if i == 0 {
             0
@@ -269,15 +286,30 @@ impl From<PodFields> for Pod {
     fn from(pod: PodFields) -> Self {
         let no_owner = Owner::default();
         let owner = pod.owner.as_ref().unwrap_or(&no_owner);
+        // The length of a prefix of the name (stored as that length, not as text).
+        let prefix = |s: &str| {
+            let len = u16::try_from(s.len()).ok()?;
+            pod.name.starts_with(s).then_some(u32::from(len))
+        };
+        let generate_prefix = prefix(&pod.generate_name);
+        let owner_prefix = pod.owner.as_ref().and_then(|o| prefix(&o.name));
         let fixed: [&str; FIXED] = [
             &pod.name,
             &pod.namespace,
-            &pod.generate_name,
+            if generate_prefix.is_some() {
+                ""
+            } else {
+                &pod.generate_name
+            },
             &pod.phase,
             &pod.service_account,
             &pod.node_name,
             &owner.kind,
-            &owner.name,
+            if owner_prefix.is_some() {
+                ""
+            } else {
+                &owner.name
+            },
         ];
         let strings = || {
             fixed
@@ -296,12 +328,15 @@ impl From<PodFields> for Pod {
             (pod.ready, READY),
             (pod.host_network, HOST_NETWORK),
             (pod.owner.is_some(), HAS_OWNER),
+            (generate_prefix.is_some(), GENERATE_NAME_IS_PREFIX),
+            (owner_prefix.is_some(), OWNER_NAME_IS_PREFIX),
         ]
         .into_iter()
         .filter(|(set, _)| *set)
         .fold(0, |flags, (_, bit)| flags | bit);
         table.push(flags);
         table.extend([annotations, ports, pod.ips.len()].map(|n| n as u32));
+        table.push(generate_prefix.unwrap_or(0) | owner_prefix.unwrap_or(0) << 16);
         for s in strings() {
             text.push_str(s);
             table.push(text.len() as u32);
@@ -479,7 +514,7 @@ mod tests {
     fn pods_are_equal_exactly_when_their_fields_are() {
         let pod = Pod::from(full());
         assert_eq!(pod, Pod::from(full()));
-        let changes: [fn(&mut PodFields); 6] = [
+        let changes: [fn(&mut PodFields); 11] = [
             |p| p.owner = None,
             |p| p.owner.as_mut().unwrap().kind = String::new(),
             |p| p.ready = false,
@@ -490,6 +525,13 @@ mod tests {
                 p.name = "web-7d4b9-x2xdemo".into();
                 p.namespace = String::new();
             },
+            // Generate and owner names that are not prefixes of the name, and names that are
+            // (or no longer are) prefixed by them.
+            |p| p.generate_name = "other-".into(),
+            |p| p.generate_name = String::new(),
+            |p| p.owner.as_mut().unwrap().name = "web-7d4b9-x2x-longer".into(),
+            |p| p.name = "web-7d4b9-y".into(),
+            |p| p.name = "x".into(),
         ];
         for change in changes {
             let mut fields = full();
@@ -503,7 +545,11 @@ mod tests {
     fn a_pod_is_80_bytes_and_two_blocks_besides_its_labels_and_uid() {
         assert_eq!(std::mem::size_of::<Pod>(), 80);
         let pod = Pod::from(full());
-        assert_eq!(pod.text.len(), pod.text.chars().count());
+        // The generate name and the owner's name are the name's prefixes: not in the text.
+        assert_eq!(
+            &*pod.text,
+            "web-7d4b9-x2xdemoRunningwebnode-aReplicaSeta/bonchttpdnss"
+        );
         assert_eq!(
             pod.table.len(),
             HEAD + FIXED + 4 + 2 * 3 + (1 + 4) + (1 + 1)
