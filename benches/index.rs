@@ -10,8 +10,8 @@ use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 
 use ambientd::discovery::model::{
-    ContainerPort, IpFamily, Kind, Labels, Namespace, Node, Object, Owner, Pod, Protocol, Service,
-    ServicePort, TargetPort,
+    ContainerPort, IpFamily, Kind, Labels, Namespace, Node, Object, Owner, Pod, PodFields,
+    Protocol, Service, ServicePort, TargetPort,
 };
 use ambientd::discovery::{Index, Settings};
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
@@ -42,35 +42,35 @@ fn namespace(i: usize) -> String {
 fn pod(i: usize, ready: bool) -> Pod {
     let app = format!("app-{}", i / PODS_PER_SERVICE);
     let hash = format!("{:010x}", i / PODS_PER_SERVICE);
-    Pod {
-        name: format!("{app}-{hash}-{i:05}").into(),
+    PodFields {
+        name: format!("{app}-{hash}-{i:05}"),
         uid: format!("00000000-0000-0000-0000-{i:012}").into(),
-        namespace: namespace(i / PODS_PER_SERVICE).into(),
-        generate_name: format!("{app}-{hash}-").into(),
+        namespace: namespace(i / PODS_PER_SERVICE),
+        generate_name: format!("{app}-{hash}-"),
         labels: labels(&[
             ("app", app.clone()),
             ("version", "v1".into()),
             ("pod-template-hash", hash.clone()),
         ]),
         annotations: labels(&[("ambient.istio.io/redirection", "enabled".into())]),
-        owner: Some(Box::new(Owner {
+        owner: Some(Owner {
             kind: "ReplicaSet".into(),
             name: format!("{app}-{hash}"),
-        })),
+        }),
         terminating: false,
         phase: "Running".into(),
         ready,
-        ips: [ip(0x0a00_0000, i)].into(),
-        service_account: app.into(),
-        node_name: format!("node-{}", i % NODES).into(),
+        ips: vec![ip(0x0a00_0000, i)],
+        service_account: app,
+        node_name: format!("node-{}", i % NODES),
         host_network: false,
-        ports: [ContainerPort {
+        ports: vec![ContainerPort {
             name: "http".into(),
             port: 8080,
             protocol: Protocol::Tcp,
-        }]
-        .into(),
+        }],
     }
+    .into()
 }
 
 fn service(s: usize) -> Service {

@@ -9,7 +9,9 @@ mod index_support;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use ambientd::discovery::model::{ContainerPort, Kind, ObjectRef, Pod, Resolution, ServiceEntry};
+use ambientd::discovery::model::{
+    ContainerPort, Kind, ObjectRef, PodFields, Resolution, ServiceEntry,
+};
 use ambientd::discovery::{Changes, Index, Object, Snapshot};
 use ambientd::pb::workload::PortList;
 use index_support::*;
@@ -90,12 +92,12 @@ fn cold(objects: &BTreeMap<ObjectRef, Object>) -> Index {
 }
 
 fn pod_labelled(namespace: &str, name: &str, pod_ip: &str, l: &[(&str, &str)]) -> Object {
-    Object::Pod(pod_with(namespace, name, pod_ip, l))
+    Object::Pod(pod_with(namespace, name, pod_ip, l).into())
 }
 
-fn with_ports(mut p: Pod, ports: &[ContainerPort]) -> Object {
+fn with_ports(mut p: PodFields, ports: &[ContainerPort]) -> Object {
     p.ports = ports.into();
-    Object::Pod(p)
+    Object::Pod(p.into())
 }
 
 fn labelled_svc(namespace: &str, name: &str, vip: &str, l: &[(&str, &str)]) -> Object {
@@ -279,11 +281,11 @@ fn node_zone_re_emits_only_the_pods_on_that_node() {
     let mut world = World::new([
         Object::Node(node(NODE, &[(ZONE, "z1")])),
         Object::Node(node("node-b", &[(ZONE, "z1")])),
-        Object::Pod(pod(NS, "a", "10.0.0.1")),
-        Object::Pod(pod("other", "b", "10.0.0.2")),
-        Object::Pod(on_b),
+        Object::Pod(pod(NS, "a", "10.0.0.1").into()),
+        Object::Pod(pod("other", "b", "10.0.0.2").into()),
+        Object::Pod(on_b.into()),
         // Terminal: on the node, but produces no workload.
-        Object::Pod(done),
+        Object::Pod(done.into()),
         Object::WorkloadEntry(vm),
         Object::Service(svc(NS, "web", "10.96.0.1", &[("app", "web")])),
     ]);
@@ -358,7 +360,7 @@ fn service_port_change_re_emits_the_service_and_its_members_only() {
         ),
         // A member without the named port: its (empty) entry does not change.
         pod_labelled(NS, "w2", "10.0.0.2", &[("app", "web")]),
-        Object::Pod(targeted),
+        Object::Pod(targeted.into()),
         Object::WorkloadEntry(vm),
         Object::EndpointSlice(web_slice),
         with_ports(
@@ -658,7 +660,7 @@ fn endpoint_slice_target_ref_adds_its_service_to_exactly_that_pod() {
     let with_uid = |name: &str, pod_ip: &str, pod_uid: &str| {
         let mut p = pod(NS, name, pod_ip);
         p.uid = pod_uid.into();
-        Object::Pod(p)
+        Object::Pod(p.into())
     };
     let mut world = World::new([
         // Selectorless.
@@ -711,7 +713,7 @@ fn cross_namespace_target_ref_does_not_detach_a_pod_from_its_own_slice() {
     let mut world = World::new([
         Object::Service(svc(NS, "ext", "10.96.0.1", &[])),
         Object::Service(svc("other", "ext", "10.96.1.1", &[])),
-        Object::Pod(p),
+        Object::Pod(p.into()),
         Object::EndpointSlice(own),
         Object::EndpointSlice(foreign),
     ]);
@@ -743,7 +745,7 @@ fn updates_to_fields_the_index_does_not_read_emit_nothing() {
         Object::GatewayClass(gateway_class("istio-waypoint", &[])),
         Object::Gateway(ready_gateway(NS, "wp", "10.0.9.1")),
         Object::Service(base_svc.clone()),
-        Object::Pod(base_pod.clone()),
+        Object::Pod(base_pod.clone().into()),
         Object::WorkloadEntry(workload_entry(NS, "vm", "10.0.1.1", &[("app", "web")])),
         se_with_endpoint(NS, "ext", "ext.example.com", "10.0.2.1"),
         Object::EndpointSlice(ip_slice(NS, "web-1", "web", "10.0.3.1")),
@@ -762,13 +764,13 @@ fn updates_to_fields_the_index_does_not_read_emit_nothing() {
     // while no slice names the pod.
     let mut p = base_pod.clone();
     p.annotations = labels(&[("example.com/owner", "team-a")]);
-    unread.push(Object::Pod(p.clone()));
+    unread.push(Object::Pod(p.clone().into()));
     p.phase = "Pending".into();
-    unread.push(Object::Pod(p.clone()));
+    unread.push(Object::Pod(p.clone().into()));
     p.ports = [cport("metrics", 9090)].into();
-    unread.push(Object::Pod(p.clone()));
+    unread.push(Object::Pod(p.clone().into()));
     p.uid = "recreated".into();
-    unread.push(Object::Pod(p));
+    unread.push(Object::Pod(p.into()));
     // Service: an unread annotation and label.
     let mut s = base_svc;
     s.annotations = labels(&[("example.com/owner", "team-a")]);

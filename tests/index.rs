@@ -21,7 +21,7 @@ fn pod_becomes_workload_with_every_basic_field() {
     let mut p = pod(NS, "web-1", "10.0.0.1");
     p.service_account = "web-sa".into();
     let mut index = Index::new(Settings::default());
-    let changes = index.apply(Object::Pod(p));
+    let changes = index.apply(Object::Pod(p.into()));
     assert_eq!(changes.addresses.upserted, set(&[uid(NS, "web-1")]));
     assert!(changes.addresses.removed.is_empty());
     assert!(changes.authorizations.is_empty());
@@ -57,7 +57,7 @@ fn pod_becomes_workload_with_every_basic_field() {
 fn dual_stack_pod_keeps_address_order_as_raw_bytes() {
     let mut p = pod(NS, "dual", "fd00::1");
     p.ips = [ip("fd00::1"), ip("10.0.0.9")].into();
-    let mut index = index_of([Object::Pod(p)]);
+    let mut index = index_of([Object::Pod(p.into())]);
     let w = workload(&mut index, &uid(NS, "dual"));
     assert_eq!(w.addresses, vec![raw("fd00::1"), raw("10.0.0.9")]);
     assert_eq!(w.addresses[0].len(), 16);
@@ -76,7 +76,7 @@ fn status_is_healthy_only_when_ready_and_not_terminating() {
         let mut p = pod(NS, "p", "10.0.0.1");
         p.ready = ready;
         p.terminating = terminating;
-        let mut index = index_of([Object::Pod(p)]);
+        let mut index = index_of([Object::Pod(p.into())]);
         let w = workload(&mut index, &uid(NS, "p"));
         assert_eq!(w.status(), want, "ready={ready} terminating={terminating}");
     }
@@ -130,7 +130,7 @@ fn tunnel_protocol_from_redirection_annotation_and_tunnel_label() {
     for (pod_labels, annotations, want, want_native) in table {
         let mut p = pod_with(NS, "p", "10.0.0.1", pod_labels);
         p.annotations = labels(annotations);
-        let mut index = index_of([Object::Pod(p)]);
+        let mut index = index_of([Object::Pod(p.into())]);
         let w = workload(&mut index, &uid(NS, "p"));
         let case = format!("labels={pod_labels:?} annotations={annotations:?}");
         assert_eq!(w.tunnel_protocol(), *want, "{case}");
@@ -170,7 +170,9 @@ fn canonical_name_and_revision_fallbacks() {
         (&[("service.istio.io/workload-name", "wl")], "wl", "latest"),
     ];
     for (pod_labels, want_name, want_revision) in table {
-        let mut index = index_of([Object::Pod(pod_with(NS, "p", "10.0.0.1", pod_labels))]);
+        let mut index = index_of([Object::Pod(
+            pod_with(NS, "p", "10.0.0.1", pod_labels).into(),
+        )]);
         let w = workload(&mut index, &uid(NS, "p"));
         assert_eq!(w.canonical_name, *want_name, "labels={pod_labels:?}");
         assert_eq!(
@@ -276,13 +278,11 @@ fn workload_name_from_controller_owner() {
     for case in table {
         let mut p = pod_with(NS, "p", "10.0.0.1", case.labels);
         p.generate_name = case.generate_name.into();
-        p.owner = case.owner.map(|(kind, name)| {
-            Box::new(Owner {
-                kind: kind.into(),
-                name: name.into(),
-            })
+        p.owner = case.owner.map(|(kind, name)| Owner {
+            kind: kind.into(),
+            name: name.into(),
         });
-        let mut index = index_of([Object::Pod(p)]);
+        let mut index = index_of([Object::Pod(p.into())]);
         let w = workload(&mut index, &uid(NS, "p"));
         assert_eq!(w.workload_name, case.want, "owner={:?}", case.owner);
         // Without app labels the canonical name falls back to the workload name.
@@ -307,7 +307,7 @@ fn trust_domain_and_cluster_id_follow_settings() {
             ..Settings::default()
         };
         let mut index = Index::new(settings);
-        let changes = index.apply(Object::Pod(pod(NS, "p", "10.0.0.1")));
+        let changes = index.apply(Object::Pod(pod(NS, "p", "10.0.0.1").into()));
         assert_eq!(changes.addresses.upserted, set(&[want_uid]));
         let w = workload(&mut index, want_uid);
         assert_eq!(w.uid, want_uid);
@@ -320,7 +320,7 @@ fn trust_domain_and_cluster_id_follow_settings() {
 fn host_network_pod() {
     let mut p = pod(NS, "p", "192.168.1.10");
     p.host_network = true;
-    let mut index = index_of([Object::Pod(p)]);
+    let mut index = index_of([Object::Pod(p.into())]);
     let w = workload(&mut index, &uid(NS, "p"));
     assert_eq!(w.network_mode(), NetworkMode::HostNetwork);
 }
@@ -352,7 +352,7 @@ fn locality_from_node_topology_labels() {
         if let Some(node_labels) = node_labels {
             objects.push(Object::Node(node(NODE, node_labels)));
         }
-        objects.push(Object::Pod(pod(NS, "p", "10.0.0.1")));
+        objects.push(Object::Pod(pod(NS, "p", "10.0.0.1").into()));
         let mut index = index_of(objects);
         let w = workload(&mut index, &uid(NS, "p"));
         assert_eq!(w.locality, *want, "node labels {node_labels:?}");
@@ -364,7 +364,10 @@ fn locality_of_pod_on_another_node_is_none() {
     const ZONE: &str = "topology.kubernetes.io/zone";
     let mut p = pod(NS, "p", "10.0.0.1");
     p.node_name = "node-b".into();
-    let mut index = index_of([Object::Node(node(NODE, &[(ZONE, "z1")])), Object::Pod(p)]);
+    let mut index = index_of([
+        Object::Node(node(NODE, &[(ZONE, "z1")])),
+        Object::Pod(p.into()),
+    ]);
     assert_eq!(workload(&mut index, &uid(NS, "p")).locality, None);
 }
 
@@ -385,7 +388,7 @@ fn terminal_and_ipless_pods_produce_nothing() {
         p.phase = (*phase).into();
         p.ips = ips.iter().map(|s| ip(s)).collect();
         let mut index = Index::new(Settings::default());
-        let changes = index.apply(Object::Pod(p));
+        let changes = index.apply(Object::Pod(p.into()));
         let case = format!("phase={phase} ips={ips:?}");
         assert_eq!(
             changes.addresses.upserted.contains(uid(NS, "p").as_str()),
@@ -405,10 +408,10 @@ fn terminal_and_ipless_pods_produce_nothing() {
 
 #[test]
 fn pod_becoming_terminal_is_removed() {
-    let mut index = index_of([Object::Pod(pod(NS, "p", "10.0.0.1"))]);
+    let mut index = index_of([Object::Pod(pod(NS, "p", "10.0.0.1").into())]);
     let mut p = pod(NS, "p", "10.0.0.1");
     p.phase = "Succeeded".into();
-    let changes = index.apply(Object::Pod(p));
+    let changes = index.apply(Object::Pod(p.into()));
     assert!(changes.addresses.upserted.is_empty());
     assert_eq!(changes.addresses.removed, set(&[uid(NS, "p")]));
     assert!(try_workload(&mut index, &uid(NS, "p")).is_none());
@@ -426,7 +429,7 @@ fn system_namespace_network_label_sets_every_network() {
     let mut index = index_of([
         Object::Namespace(system),
         Object::Service(svc(NS, "web", "10.96.0.10", &[("app", "web")])),
-        Object::Pod(pod_with(NS, "p", "10.0.0.1", &[("app", "web")])),
+        Object::Pod(pod_with(NS, "p", "10.0.0.1", &[("app", "web")]).into()),
     ]);
     let w = workload(&mut index, &uid(NS, "p"));
     assert_eq!(w.network, "net1");
@@ -461,8 +464,8 @@ fn changing_the_network_re_emits_everything() {
         Object::Namespace(ns("istio-system")),
         Object::Service(svc(NS, "web", "10.96.0.10", &[("app", "web")])),
         Object::Service(svc("other", "db", "10.96.0.11", &[("app", "db")])),
-        Object::Pod(pod_with(NS, "p", "10.0.0.1", &[("app", "web")])),
-        Object::Pod(pod_with("other", "q", "10.0.0.2", &[("app", "db")])),
+        Object::Pod(pod_with(NS, "p", "10.0.0.1", &[("app", "web")]).into()),
+        Object::Pod(pod_with("other", "q", "10.0.0.2", &[("app", "db")]).into()),
     ]);
     let all = set(&[
         uid(NS, "p"),
@@ -495,15 +498,15 @@ fn changing_the_network_re_emits_everything() {
 fn pod_uid_follows_a_recreated_pod_without_a_change() {
     let mut p = pod(NS, "p", "10.0.0.1");
     p.uid = "uid-a".into();
-    let mut index = index_of([Object::Pod(p.clone())]);
+    let mut index = index_of([Object::Pod(p.clone().into())]);
     let name = uid(NS, "p");
     assert_eq!(index.snapshot().pod_uid(&name), Some("uid-a"));
     // Re-created under the same name: the same bytes (nothing to push), a new uid.
     p.uid = "uid-b".into();
-    assert!(index.apply(Object::Pod(p.clone())).is_empty());
+    assert!(index.apply(Object::Pod(p.clone().into())).is_empty());
     assert_eq!(index.snapshot().pod_uid(&name), Some("uid-b"));
     p.uid = "".into();
-    assert!(index.apply(Object::Pod(p)).is_empty());
+    assert!(index.apply(Object::Pod(p.into())).is_empty());
     assert_eq!(index.snapshot().pod_uid(&name), None);
     index.delete(&ObjectRef::new(Kind::Pod, NS, "p"));
     assert_eq!(index.snapshot().pod_uid(&name), None);

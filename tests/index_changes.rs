@@ -35,27 +35,27 @@ fn pod_lifecycle_changes() {
 
     // Add.
     let base = pod_with(NS, "p", "10.0.0.1", &[("app", "web")]);
-    assert_only_upserted(&index.apply(Object::Pod(base.clone())), &[&p]);
+    assert_only_upserted(&index.apply(Object::Pod(base.clone().into())), &[&p]);
     assert!(index.has_unpublished());
     index.snapshot();
     assert!(!index.has_unpublished());
 
     // Applying the identical object changes nothing.
-    let changes = index.apply(Object::Pod(base.clone()));
+    let changes = index.apply(Object::Pod(base.clone().into()));
     assert!(changes.is_empty(), "{changes:?}");
     assert!(!index.has_unpublished());
 
     // A field the index does not read (phase Pending -> Running) changes nothing either.
     let mut pending = base.clone();
     pending.phase = "Pending".into();
-    assert!(index.apply(Object::Pod(pending)).is_empty());
-    assert!(index.apply(Object::Pod(base.clone())).is_empty());
+    assert!(index.apply(Object::Pod(pending.into())).is_empty());
+    assert!(index.apply(Object::Pod(base.clone().into())).is_empty());
 
     // An update that changes the resource is an upsert, and is visible in the snapshot.
     let mut v2 = base.clone();
     v2.labels.insert("version", "v2");
     let before = index.snapshot().addresses.get(p.as_str()).unwrap().version;
-    assert_only_upserted(&index.apply(Object::Pod(v2.clone())), &[&p]);
+    assert_only_upserted(&index.apply(Object::Pod(v2.clone().into())), &[&p]);
     let after = index.snapshot().addresses.get(p.as_str()).unwrap().version;
     assert_ne!(before, after);
     assert_eq!(workload(&mut index, &p).canonical_revision, "v2");
@@ -63,7 +63,7 @@ fn pod_lifecycle_changes() {
     // Readiness flips are changes.
     let mut unready = v2.clone();
     unready.ready = false;
-    assert_only_upserted(&index.apply(Object::Pod(unready)), &[&p]);
+    assert_only_upserted(&index.apply(Object::Pod(unready.into())), &[&p]);
 
     // Delete, then delete again (nothing left to remove).
     let changes = index.delete(&pod_ref(NS, "p"));
@@ -76,10 +76,10 @@ fn pod_lifecycle_changes() {
 
 #[test]
 fn version_is_a_content_hash() {
-    let mut a = index_of([Object::Pod(pod(NS, "p", "10.0.0.1"))]);
-    let mut b = index_of([Object::Pod(pod(NS, "p", "10.0.0.1"))]);
+    let mut a = index_of([Object::Pod(pod(NS, "p", "10.0.0.1").into())]);
+    let mut b = index_of([Object::Pod(pod(NS, "p", "10.0.0.1").into())]);
     assert_eq!(versions(&a.snapshot()), versions(&b.snapshot()));
-    b.apply(Object::Pod(pod(NS, "p", "10.0.0.2")));
+    b.apply(Object::Pod(pod(NS, "p", "10.0.0.2").into()));
     assert_ne!(versions(&a.snapshot()), versions(&b.snapshot()));
 }
 
@@ -87,12 +87,9 @@ fn version_is_a_content_hash() {
 fn service_lifecycle_changes() {
     let s = skey(NS, "web");
     let a = uid(NS, "a");
-    let mut index = index_of([Object::Pod(pod_with(
-        NS,
-        "a",
-        "10.0.0.1",
-        &[("app", "web")],
-    ))]);
+    let mut index = index_of([Object::Pod(
+        pod_with(NS, "a", "10.0.0.1", &[("app", "web")]).into(),
+    )]);
 
     // A new service is upserted together with the pods whose services map it enters.
     let web = svc(NS, "web", "10.96.0.10", &[("app", "web")]);
@@ -120,11 +117,11 @@ fn service_lifecycle_changes() {
 #[test]
 fn service_selector_change_re_emits_exactly_the_pods_whose_map_changed() {
     let mut index = index_of([
-        Object::Pod(pod_with(NS, "a", "10.0.0.1", &[("app", "a")])),
-        Object::Pod(pod_with(NS, "b", "10.0.0.2", &[("app", "b")])),
-        Object::Pod(pod_with(NS, "c", "10.0.0.3", &[("app", "c")])),
-        Object::Pod(pod_with(NS, "ab", "10.0.0.4", &[("app", "a"), ("x", "b")])),
-        Object::Pod(pod_with("other", "b2", "10.0.1.2", &[("app", "b")])),
+        Object::Pod(pod_with(NS, "a", "10.0.0.1", &[("app", "a")]).into()),
+        Object::Pod(pod_with(NS, "b", "10.0.0.2", &[("app", "b")]).into()),
+        Object::Pod(pod_with(NS, "c", "10.0.0.3", &[("app", "c")]).into()),
+        Object::Pod(pod_with(NS, "ab", "10.0.0.4", &[("app", "a"), ("x", "b")]).into()),
+        Object::Pod(pod_with("other", "b2", "10.0.1.2", &[("app", "b")]).into()),
         Object::Service(svc(NS, "s", "10.96.0.1", &[("app", "a")])),
     ]);
     index.snapshot();
@@ -181,9 +178,9 @@ fn node_label_change_re_emits_only_pods_on_that_node() {
     let mut index = index_of([
         Object::Node(node(NODE, &[(ZONE, "z1")])),
         Object::Node(node("node-b", &[(ZONE, "z1")])),
-        Object::Pod(pod(NS, "p1", "10.0.0.1")),
-        Object::Pod(pod("other", "p2", "10.0.0.2")),
-        Object::Pod(on_b),
+        Object::Pod(pod(NS, "p1", "10.0.0.1").into()),
+        Object::Pod(pod("other", "p2", "10.0.0.2").into()),
+        Object::Pod(on_b.into()),
     ]);
     // (node-a labels, `ns/name` of the pods re-emitted)
     type Row = (
@@ -218,11 +215,11 @@ fn pod_moving_node_follows_the_new_node() {
     let mut index = index_of([
         Object::Node(node(NODE, &[(ZONE, "z1")])),
         Object::Node(node("node-b", &[(ZONE, "z2")])),
-        Object::Pod(pod(NS, "p", "10.0.0.1")),
+        Object::Pod(pod(NS, "p", "10.0.0.1").into()),
     ]);
     let mut moved = pod(NS, "p", "10.0.0.1");
     moved.node_name = "node-b".into();
-    assert_only_upserted(&index.apply(Object::Pod(moved)), &[uid(NS, "p")]);
+    assert_only_upserted(&index.apply(Object::Pod(moved.into())), &[uid(NS, "p")]);
     assert_eq!(
         workload(&mut index, &uid(NS, "p")).locality.unwrap().zone,
         "z2"
@@ -239,7 +236,7 @@ fn pod_moving_node_follows_the_new_node() {
 
 #[test]
 fn node_arriving_after_its_pods_re_emits_them() {
-    let mut index = index_of([Object::Pod(pod(NS, "p", "10.0.0.1"))]);
+    let mut index = index_of([Object::Pod(pod(NS, "p", "10.0.0.1").into())]);
     assert_eq!(workload(&mut index, &uid(NS, "p")).locality, None);
     let changes = index.apply(Object::Node(node(NODE, &[(ZONE, "z1")])));
     assert_only_upserted(&changes, &[uid(NS, "p")]);
@@ -256,7 +253,7 @@ fn namespace_annotation_change_re_emits_its_services_only() {
         Object::Namespace(ns(NS)),
         Object::Service(svc(NS, "web", "10.96.0.10", &[("app", "web")])),
         Object::Service(svc("other", "db", "10.96.0.11", &[])),
-        Object::Pod(pod_with(NS, "p", "10.0.0.1", &[("app", "web")])),
+        Object::Pod(pod_with(NS, "p", "10.0.0.1", &[("app", "web")]).into()),
     ]);
     let mut annotated = ns(NS);
     annotated.annotations = labels(&[(ANNOTATION, "PreferClose")]);
@@ -274,7 +271,10 @@ fn namespace_annotation_change_re_emits_its_services_only() {
 fn handle_dispatches_events() {
     let mut index = Index::new(Settings::default());
     let p = pod(NS, "p", "10.0.0.1");
-    assert_only_upserted(&index.handle(Event::Apply(Object::Pod(p))), &[uid(NS, "p")]);
+    assert_only_upserted(
+        &index.handle(Event::Apply(Object::Pod(p.into()))),
+        &[uid(NS, "p")],
+    );
     assert!(index.handle(Event::Synced).is_empty());
     let changes = index.handle(Event::Delete(pod_ref(NS, "p")));
     assert_eq!(changes.addresses.removed, set(&[uid(NS, "p")]));
@@ -312,11 +312,15 @@ fn reset_converges_to_a_cold_build_of_the_final_set() {
         base.iter()
             .cloned()
             .chain(initial_services.iter().cloned().map(Object::Service))
-            .chain(initial_pods.iter().cloned().map(Object::Pod)),
+            .chain(initial_pods.iter().cloned().map(|p| Object::Pod(p.into()))),
     );
     index.snapshot();
 
-    let pods = final_pods.iter().cloned().map(Object::Pod).collect();
+    let pods = final_pods
+        .iter()
+        .cloned()
+        .map(|p| Object::Pod(p.into()))
+        .collect();
     let mut changes = index.reset(Kind::Pod, pods);
     assert!(changes.addresses.removed.contains(uid(NS, "p1").as_str()));
     assert!(changes.addresses.upserted.contains(uid(NS, "p4").as_str()));
@@ -336,7 +340,7 @@ fn reset_converges_to_a_cold_build_of_the_final_set() {
     let mut cold = index_of(
         base.iter()
             .cloned()
-            .chain(final_pods.iter().cloned().map(Object::Pod))
+            .chain(final_pods.iter().cloned().map(|p| Object::Pod(p.into())))
             .chain(final_services.iter().cloned().map(Object::Service)),
     );
     let (warm, cold) = (index.snapshot(), cold.snapshot());
@@ -345,7 +349,11 @@ fn reset_converges_to_a_cold_build_of_the_final_set() {
     assert_eq!(warm.aliases, cold.aliases);
 
     // Resetting to the same set again changes nothing.
-    let pods = final_pods.iter().cloned().map(Object::Pod).collect();
+    let pods = final_pods
+        .iter()
+        .cloned()
+        .map(|p| Object::Pod(p.into()))
+        .collect();
     assert!(index.reset(Kind::Pod, pods).is_empty());
 
     // An empty relist removes everything of that kind.
@@ -364,9 +372,12 @@ fn reset_converges_to_a_cold_build_of_the_final_set() {
 fn reset_of_one_kind_leaves_other_kinds_alone() {
     let mut index = index_of([
         Object::Node(node(NODE, &[(ZONE, "z1")])),
-        Object::Pod(pod(NS, "p", "10.0.0.1")),
+        Object::Pod(pod(NS, "p", "10.0.0.1").into()),
     ]);
-    let changes = index.reset(Kind::Node, vec![Object::Pod(pod(NS, "q", "10.0.0.2"))]);
+    let changes = index.reset(
+        Kind::Node,
+        vec![Object::Pod(pod(NS, "q", "10.0.0.2").into())],
+    );
     // The node was not in the relist: removed, so the pod loses its locality.
     assert_only_upserted(&changes, &[uid(NS, "p")]);
     assert!(try_workload(&mut index, &uid(NS, "q")).is_none());
@@ -386,11 +397,11 @@ fn lookup_addresses() {
     let mut dual = svc(NS, "dual", "10.96.0.12", &[("app", "other")]);
     dual.cluster_ips.push(ip("fd00::12"));
     let mut index = index_of([
-        Object::Pod(pod_with(NS, "a", "10.0.0.1", &[("app", "web")])),
-        Object::Pod(pod_with(NS, "b", "10.0.0.2", &[("app", "web")])),
-        Object::Pod(pod_with(NS, "c", "10.0.0.3", &[("app", "other")])),
-        Object::Pod(host_a),
-        Object::Pod(host_b),
+        Object::Pod(pod_with(NS, "a", "10.0.0.1", &[("app", "web")]).into()),
+        Object::Pod(pod_with(NS, "b", "10.0.0.2", &[("app", "web")]).into()),
+        Object::Pod(pod_with(NS, "c", "10.0.0.3", &[("app", "other")]).into()),
+        Object::Pod(host_a.into()),
+        Object::Pod(host_b.into()),
         Object::Service(svc(NS, "web", "10.96.0.10", &[("app", "web")])),
         Object::Service(svc(NS, "empty", "10.96.0.11", &[("app", "none")])),
         Object::Service(svc(NS, "headless", "", &[("app", "web")])),
@@ -426,8 +437,8 @@ fn lookup_addresses() {
 
 #[test]
 fn lookup_follows_ip_changes() {
-    let mut index = index_of([Object::Pod(pod(NS, "a", "10.0.0.1"))]);
-    index.apply(Object::Pod(pod(NS, "a", "10.0.0.7")));
+    let mut index = index_of([Object::Pod(pod(NS, "a", "10.0.0.1").into())]);
+    index.apply(Object::Pod(pod(NS, "a", "10.0.0.7").into()));
     let snapshot = index.snapshot();
     assert!(snapshot.lookup_addresses("/10.0.0.1").is_empty());
     assert_eq!(snapshot.lookup_addresses("/10.0.0.7"), vec![uid(NS, "a")]);
@@ -443,9 +454,9 @@ fn changes_since_merges_history() {
     let (a, b) = (uid(NS, "a"), uid(NS, "b"));
     let mut index = Index::new(Settings::default());
     assert_eq!(index.snapshot().generation, 1); // empty
-    index.apply(Object::Pod(pod(NS, "a", "10.0.0.1")));
+    index.apply(Object::Pod(pod(NS, "a", "10.0.0.1").into()));
     assert_eq!(index.snapshot().generation, 2); // +a
-    index.apply(Object::Pod(pod(NS, "b", "10.0.0.2")));
+    index.apply(Object::Pod(pod(NS, "b", "10.0.0.2").into()));
     assert_eq!(index.snapshot().generation, 3); // +b
     index.delete(&pod_ref(NS, "a"));
     let snapshot = index.snapshot(); // -a
@@ -477,12 +488,12 @@ fn changes_since_merges_history() {
 #[test]
 fn changes_since_is_none_once_history_is_exceeded() {
     let mut index = Index::new(Settings::default());
-    index.apply(Object::Pod(pod(NS, "a", "10.0.0.1")));
+    index.apply(Object::Pod(pod(NS, "a", "10.0.0.1").into()));
     let first = index.snapshot();
     assert_eq!(first.generation, 1);
     for i in 0..HISTORY as u16 {
         let last = u8::try_from(i % 250).unwrap();
-        index.apply(Object::Pod(pod(NS, "a", &format!("10.0.1.{last}"))));
+        index.apply(Object::Pod(pod(NS, "a", &format!("10.0.1.{last}")).into()));
         index.snapshot();
     }
     let snapshot = index.snapshot();

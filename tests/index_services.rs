@@ -118,12 +118,9 @@ fn external_name_service_produces_nothing() {
     let mut s = svc(NS, "ext", "", &[("app", "web")]);
     s.external_name = true;
     let mut index = Index::new(Settings::default());
-    index.apply(Object::Pod(pod_with(
-        NS,
-        "p",
-        "10.0.0.1",
-        &[("app", "web")],
-    )));
+    index.apply(Object::Pod(
+        pod_with(NS, "p", "10.0.0.1", &[("app", "web")]).into(),
+    ));
     let changes = index.apply(Object::Service(s));
     // No resource; the service is only listed among the objects that may carry a status
     // condition (with none).
@@ -396,7 +393,7 @@ fn services_map_resolves_named_target_ports_per_pod() {
     udp.protocol = Protocol::Udp;
     p.ports = [cport("grpc", 9500), udp, cport("http", 8080)].into();
 
-    let mut index = index_of([Object::Pod(p), Object::Service(s)]);
+    let mut index = index_of([Object::Pod(p.into()), Object::Service(s)]);
     let w = workload(&mut index, &uid(NS, "p"));
     let want: BTreeMap<String, PortList> = [(
         skey(NS, "web"),
@@ -414,7 +411,7 @@ fn services_map_entry_exists_even_with_no_resolved_ports() {
     s.ports = vec![sport("http", 80, named("http"))];
     let mut index = index_of([
         Object::Service(s),
-        Object::Pod(pod_with(NS, "p", "10.0.0.1", &[("app", "web")])),
+        Object::Pod(pod_with(NS, "p", "10.0.0.1", &[("app", "web")]).into()),
     ]);
     let w = workload(&mut index, &uid(NS, "p"));
     assert_eq!(
@@ -459,7 +456,7 @@ fn services_map_membership_rules() {
         let pod_labels = [("app", "web"), ("tier", "fe")];
         let mut index = index_of([
             Object::Service(service.clone()),
-            Object::Pod(pod_with(NS, "p", "10.0.0.1", &pod_labels)),
+            Object::Pod(pod_with(NS, "p", "10.0.0.1", &pod_labels).into()),
         ]);
         let w = workload(&mut index, &uid(NS, "p"));
         assert_eq!(w.services.contains_key(&key), *member, "{case}");
@@ -479,12 +476,7 @@ fn services_map_holds_every_matching_service() {
         Object::Service(svc(NS, "a", "10.96.0.1", &[("app", "web")])),
         Object::Service(svc(NS, "b", "10.96.0.2", &[("tier", "fe")])),
         Object::Service(svc(NS, "c", "10.96.0.3", &[("app", "other")])),
-        Object::Pod(pod_with(
-            NS,
-            "p",
-            "10.0.0.1",
-            &[("app", "web"), ("tier", "fe")],
-        )),
+        Object::Pod(pod_with(NS, "p", "10.0.0.1", &[("app", "web"), ("tier", "fe")]).into()),
     ]);
     let w = workload(&mut index, &uid(NS, "p"));
     let keys: Vec<_> = w.services.keys().cloned().collect();

@@ -51,10 +51,14 @@ async fn syncs_a_real_cluster_and_serves_its_pods() {
         for object in objects {
             *counts.entry(object.kind()).or_default() += 1;
             if let Object::Pod(pod) = &object
-                && &*pod.phase == "Running"
-                && !pod.ips.is_empty()
+                && pod.phase() == "Running"
+                && pod.ips().len() != 0
             {
-                running_pods.push(format!("Kubernetes//Pod/{}/{}", pod.namespace, pod.name));
+                running_pods.push(format!(
+                    "Kubernetes//Pod/{}/{}",
+                    pod.namespace(),
+                    pod.name()
+                ));
             }
         }
     }

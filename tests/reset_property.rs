@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use ambientd::discovery::authorization::{PolicyAction, PolicyRule, PolicyStatus, Source};
 use ambientd::discovery::model::{
     AllowedNamespaces, AuthorizationPolicy, Endpoint, Gateway, Kind, Labels, Listener, ObjectRef,
-    PeerAuthentication, Pod, Resolution, Service, ServiceEntry, SliceEndpoint,
+    PeerAuthentication, PodFields, Resolution, Service, ServiceEntry, SliceEndpoint,
 };
 use ambientd::discovery::peer_authentication::MtlsMode;
 use ambientd::discovery::status::{DesiredStatus, StatusTarget};
@@ -130,15 +130,18 @@ fn pod_object() -> impl Strategy<Value = Object> {
                 if instance {
                     labels.insert("gateway.networking.k8s.io/gateway-name", "wp");
                 }
-                Object::Pod(Pod {
-                    uid: pod_uid.into(),
-                    labels,
-                    node_name: node_name.into(),
-                    ready,
-                    phase: phase.into(),
-                    ports: port.map(|p| cport("web", p)).into_iter().collect(),
-                    ..pod(&ns, name, pod_ip)
-                })
+                Object::Pod(
+                    PodFields {
+                        uid: pod_uid.into(),
+                        labels,
+                        node_name: node_name.into(),
+                        ready,
+                        phase: phase.into(),
+                        ports: port.map(|p| cport("web", p)).into_iter().collect(),
+                        ..pod(&ns, name, pod_ip)
+                    }
+                    .into(),
+                )
             },
         )
 }

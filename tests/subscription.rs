@@ -58,9 +58,9 @@ type Names = &'static [&'static str];
 fn cluster() -> Index {
     index_of([
         Object::Service(svc(NS, "web", "10.96.0.10", &[("app", "web")])),
-        Object::Pod(pod_with(NS, "a", "10.0.0.1", &[("app", "web")])),
-        Object::Pod(pod_with(NS, "b", "10.0.0.2", &[("app", "web")])),
-        Object::Pod(pod_with(NS, "c", "10.0.0.3", &[("app", "other")])),
+        Object::Pod(pod_with(NS, "a", "10.0.0.1", &[("app", "web")]).into()),
+        Object::Pod(pod_with(NS, "b", "10.0.0.2", &[("app", "web")]).into()),
+        Object::Pod(pod_with(NS, "c", "10.0.0.3", &[("app", "other")]).into()),
     ])
 }
 
@@ -285,12 +285,9 @@ fn wildcard_on_snapshot_sends_exactly_what_changed() {
     state.initial(&index.snapshot());
 
     // A pod update.
-    index.apply(Object::Pod(pod_with(
-        NS,
-        "c",
-        "10.0.0.3",
-        &[("app", "other"), ("version", "v2")],
-    )));
+    index.apply(Object::Pod(
+        pod_with(NS, "c", "10.0.0.3", &[("app", "other"), ("version", "v2")]).into(),
+    ));
     assert_delta(&state.on_snapshot(&index.snapshot()), &[uid(NS, "c")], NONE);
 
     // No changes: a new generation with nothing to send.
@@ -301,7 +298,7 @@ fn wildcard_on_snapshot_sends_exactly_what_changed() {
     assert_delta(&state.on_snapshot(&index.snapshot()), NONE, &[uid(NS, "c")]);
 
     // Several snapshots skipped: changes are merged; add-then-delete sends nothing.
-    index.apply(Object::Pod(pod(NS, "tmp", "10.0.0.9")));
+    index.apply(Object::Pod(pod(NS, "tmp", "10.0.0.9").into()));
     index.snapshot();
     index.delete(&ObjectRef::new(Kind::Pod, NS, "tmp"));
     index.snapshot();
@@ -316,14 +313,11 @@ fn wildcard_on_snapshot_sends_exactly_what_changed() {
     assert_delta(&delta, &[uid(NS, "a"), uid(NS, "b")], NONE);
 
     // Changes that revert before the client sees them send nothing.
-    index.apply(Object::Pod(pod(NS, "a", "10.0.0.77")));
+    index.apply(Object::Pod(pod(NS, "a", "10.0.0.77").into()));
     index.snapshot();
-    index.apply(Object::Pod(pod_with(
-        NS,
-        "a",
-        "10.0.0.1",
-        &[("app", "web")],
-    )));
+    index.apply(Object::Pod(
+        pod_with(NS, "a", "10.0.0.1", &[("app", "web")]).into(),
+    ));
     assert!(state.on_snapshot(&index.snapshot()).is_empty());
 }
 
@@ -333,7 +327,7 @@ fn wildcard_client_behind_the_history_gets_a_full_diff() {
     let mut state = TypeState::new(TypeKind::Address, &request(&[], &[]));
     state.initial(&index.snapshot());
     index.delete(&ObjectRef::new(Kind::Pod, NS, "b"));
-    index.apply(Object::Pod(pod(NS, "d", "10.0.0.4")));
+    index.apply(Object::Pod(pod(NS, "d", "10.0.0.4").into()));
     for _ in 0..HISTORY + 2 {
         index.snapshot();
     }
@@ -423,23 +417,17 @@ fn explicit_mode_follows_held_resources() {
     assert_delta(&delta.unwrap(), NONE, &["/10.0.0.1"]);
 
     // A change to a held resource is sent; a change to anything else is not.
-    index.apply(Object::Pod(pod_with(
-        NS,
-        "a",
-        "10.0.0.1",
-        &[("app", "web"), ("version", "v2")],
-    )));
-    index.apply(Object::Pod(pod_with(
-        NS,
-        "c",
-        "10.0.0.3",
-        &[("app", "other"), ("version", "v2")],
-    )));
+    index.apply(Object::Pod(
+        pod_with(NS, "a", "10.0.0.1", &[("app", "web"), ("version", "v2")]).into(),
+    ));
+    index.apply(Object::Pod(
+        pod_with(NS, "c", "10.0.0.3", &[("app", "other"), ("version", "v2")]).into(),
+    ));
     assert_delta(&state.on_snapshot(&index.snapshot()), &[uid(NS, "a")], NONE);
     assert!(state.on_snapshot(&index.snapshot()).is_empty());
 
     // A later pod taking a subscribed IP is sent too.
-    index.apply(Object::Pod(pod(NS, "twin", "10.0.0.1")));
+    index.apply(Object::Pod(pod(NS, "twin", "10.0.0.1").into()));
     assert_delta(
         &state.on_snapshot(&index.snapshot()),
         &[uid(NS, "twin")],
@@ -502,8 +490,8 @@ fn switching_between_wildcard_and_explicit() {
             .on_subscribe(&snapshot, &[], &strings(&[WILDCARD]))
             .is_none()
     );
-    index.apply(Object::Pod(pod(NS, "c", "10.0.0.33")));
-    index.apply(Object::Pod(pod(NS, "new", "10.0.0.5")));
+    index.apply(Object::Pod(pod(NS, "c", "10.0.0.33").into()));
+    index.apply(Object::Pod(pod(NS, "new", "10.0.0.5").into()));
     assert_delta(&state.on_snapshot(&index.snapshot()), &[uid(NS, "c")], NONE);
 }
 
@@ -526,7 +514,7 @@ fn explicit_first_request_and_recreated_resources() {
     // A subscribed uid that disappears is removed, and is sent again when it comes back.
     index.delete(&ObjectRef::new(Kind::Pod, NS, "c"));
     assert_delta(&state.on_snapshot(&index.snapshot()), NONE, &[uid(NS, "c")]);
-    index.apply(Object::Pod(pod(NS, "c", "10.0.0.3")));
+    index.apply(Object::Pod(pod(NS, "c", "10.0.0.3").into()));
     assert_delta(&state.on_snapshot(&index.snapshot()), &[uid(NS, "c")], NONE);
 }
 
@@ -539,12 +527,15 @@ fn a_slow_client_notes_each_changed_name_once_and_sends_its_latest_version() {
     // connection does while its proxy is slow), they stay one name.
     let mut last = index.snapshot();
     for round in 0..HISTORY + 10 {
-        index.apply(Object::Pod(pod_with(
-            NS,
-            "c",
-            "10.0.0.3",
-            &[("app", "other"), ("version", &format!("v{round}"))],
-        )));
+        index.apply(Object::Pod(
+            pod_with(
+                NS,
+                "c",
+                "10.0.0.3",
+                &[("app", "other"), ("version", &format!("v{round}"))],
+            )
+            .into(),
+        ));
         last = index.snapshot();
         state.note(&last);
         assert_eq!(state.changed_names(&last), 1, "round {round}");

@@ -66,7 +66,7 @@ async fn sustained(
         let Object::Pod(p) = decode_one(pod_json(&spec, 0, true)) else {
             unreachable!()
         };
-        format!("Kubernetes//Pod/{}/{}", p.namespace, p.name)
+        format!("Kubernetes//Pod/{}/{}", p.namespace(), p.name())
     };
     // Both readiness states of every other pod, decoded up front.
     let variants: Vec<[Object; 2]> = (1..spec.pods)

@@ -220,20 +220,23 @@ fn pod_row(resource: &crate::discovery::Resource) -> Option<Row> {
 #[cfg(test)]
 mod snapshot_tests {
     use super::*;
-    use crate::discovery::model::{Object, Pod, WorkloadEntry};
+    use crate::discovery::model::{Object, PodFields, WorkloadEntry};
     use crate::discovery::{Index, Settings};
 
     fn pod(uid: &str) -> Object {
-        Object::Pod(Pod {
-            name: "web-1".into(),
-            namespace: "demo".into(),
-            uid: uid.into(),
-            phase: "Running".into(),
-            ips: ["10.0.0.1".parse().unwrap()].into(),
-            service_account: "web".into(),
-            node_name: "node-a".into(),
-            ..Default::default()
-        })
+        Object::Pod(
+            PodFields {
+                name: "web-1".into(),
+                namespace: "demo".into(),
+                uid: uid.into(),
+                phase: "Running".into(),
+                ips: ["10.0.0.1".parse().unwrap()].into(),
+                service_account: "web".into(),
+                node_name: "node-a".into(),
+                ..Default::default()
+            }
+            .into(),
+        )
     }
 
     #[test]

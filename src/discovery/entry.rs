@@ -11,7 +11,7 @@ use crate::discovery::policies;
 use crate::discovery::store::{Key, Store};
 use crate::discovery::waypoint::{self, Bind};
 use crate::discovery::workload::{
-    canonical_name, canonical_revision, parse_locality, tunnel_protocol,
+    REDIRECTION_ANNOTATION, canonical_name, canonical_revision, parse_locality, tunnel_protocol,
 };
 use crate::pb::google::protobuf::UInt32Value;
 use crate::pb::workload::{PortList, Workload, WorkloadType};
@@ -69,7 +69,8 @@ pub fn workload_entry(
         .get(AUTO_REGISTRATION_GROUP)
         .or_else(|| we.labels.get(WORKLOAD_NAME_LABEL))
         .map_or_else(|| we.name.clone(), str::to_string);
-    let (tunnel, native_tunnel) = tunnel_protocol(&we.labels, &we.annotations);
+    let (tunnel, native_tunnel) =
+        tunnel_protocol(&we.labels, we.annotations.get(REDIRECTION_ANNOTATION));
     let member = Member::Entry {
         labels: &we.labels,
         ports: &we.endpoint.ports,
@@ -105,7 +106,8 @@ pub fn service_entry_workloads(
     reads: &mut Vec<Key>,
 ) -> BTreeMap<String, Workload> {
     let mut out = BTreeMap::new();
-    let (tunnel, native_tunnel) = tunnel_protocol(&se.labels, &se.annotations);
+    let (tunnel, native_tunnel) =
+        tunnel_protocol(&se.labels, se.annotations.get(REDIRECTION_ANNOTATION));
     // Selected with the ServiceEntry's labels, not the endpoint's.
     let policies = policies::workload_policies(settings, store, &se.namespace, &se.labels);
     let base =

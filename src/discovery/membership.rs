@@ -25,7 +25,7 @@ pub enum Member<'a> {
 impl Member<'_> {
     fn labels(&self) -> &Labels {
         match self {
-            Member::Pod(p) => &p.labels,
+            Member::Pod(p) => p.labels(),
             Member::Entry { labels, .. } => labels,
         }
     }
@@ -34,8 +34,7 @@ impl Member<'_> {
     fn named_port(&self, name: &str) -> Option<u16> {
         match self {
             Member::Pod(p) => p
-                .ports
-                .iter()
+                .ports()
                 .find(|c| c.protocol == Protocol::Tcp && c.name == name)
                 .map(|c| c.port),
             Member::Entry { ports, .. } => ports.get(name).copied(),
@@ -182,7 +181,7 @@ pub fn se_target(port: &ServiceEntryPort) -> u16 {
 /// Kubernetes Services whose EndpointSlices have an endpoint whose targetRef is exactly this
 /// pod (kind, namespace, name and uid).
 fn slice_services<'a>(store: &'a Store, pod: &Pod) -> Vec<&'a Service> {
-    let key = (pod.namespace.to_string(), pod.name.to_string());
+    let key = (pod.namespace().to_string(), pod.name().to_string());
     let Some(slice_keys) = store.slices_by_pod.get(&key) else {
         return Vec::new();
     };
@@ -192,15 +191,15 @@ fn slice_services<'a>(store: &'a Store, pod: &Pod) -> Vec<&'a Service> {
             continue;
         };
         // Membership never crosses namespaces.
-        if slice.fqdn || *slice.namespace != *pod.namespace {
+        if slice.fqdn || slice.namespace != pod.namespace() {
             continue;
         }
         let targets_pod = slice.endpoints.iter().any(|e| {
             e.target_ref.as_ref().is_some_and(|t| {
                 t.kind == "Pod"
-                    && *t.namespace == *pod.namespace
-                    && *t.name == *pod.name
-                    && *t.uid == *pod.uid
+                    && t.namespace == pod.namespace()
+                    && t.name == pod.name()
+                    && t.uid == **pod.uid()
             })
         });
         let Some(service_name) = slice.service_name.as_deref() else {
@@ -211,7 +210,7 @@ fn slice_services<'a>(store: &'a Store, pod: &Pod) -> Vec<&'a Service> {
         }
         if let Some(svc) = store
             .services
-            .get(&(pod.namespace.to_string(), service_name.to_string()))
+            .get(&(pod.namespace().to_string(), service_name.to_string()))
             .filter(|s| !s.external_name)
         {
             services.insert(service_name, svc);

@@ -14,6 +14,7 @@ pub mod membership;
 pub mod model;
 pub mod names;
 pub mod peer_authentication;
+pub mod pod;
 pub mod policies;
 pub mod service;
 pub mod service_entry;

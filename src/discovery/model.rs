@@ -8,12 +8,12 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
-use std::sync::Arc;
 
 pub use crate::discovery::authorization::AuthorizationPolicy;
 pub use crate::discovery::peer_authentication::PeerAuthentication;
 
 pub use crate::discovery::labels::Labels;
+pub use crate::discovery::pod::{ContainerPort, Owner, Pod, PodFields};
 
 /// The kinds of object the index understands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -130,7 +130,7 @@ impl Object {
             Object::Namespace(n) => ("", &n.name),
             Object::Node(n) => ("", &n.name),
             Object::GatewayClass(c) => ("", &c.name),
-            Object::Pod(o) => (&*o.namespace, &*o.name),
+            Object::Pod(o) => (o.namespace(), o.name()),
             Object::Service(o) => (o.namespace.as_str(), &o.name),
             Object::EndpointSlice(o) => (o.namespace.as_str(), &o.name),
             Object::ServiceEntry(o) => (o.namespace.as_str(), &o.name),
@@ -156,13 +156,6 @@ pub struct Node {
     pub labels: Labels,
 }
 
-/// The controller owner of a pod (`ownerReferences[controller=true]`).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Owner {
-    pub kind: String,
-    pub name: String,
-}
-
 /// Transport protocol of a port; anything but TCP is kept only to be ignored correctly.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Protocol {
@@ -170,44 +163,6 @@ pub enum Protocol {
     Tcp,
     Udp,
     Sctp,
-}
-
-/// A named container port (`spec.containers[*].ports`, plus native sidecar init containers).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ContainerPort {
-    pub name: String,
-    pub port: u16,
-    pub protocol: Protocol,
-}
-
-#[derive(Clone, Debug, Default, PartialEq)]
-// Strings are `Box<str>` and lists boxed slices (no spare capacity, 8 B less inline each): 100k
-// stored pods make the hash-map slot and every byte of slack count.
-pub struct Pod {
-    pub name: Box<str>,
-    /// `metadata.uid`, compared with EndpointSlice `targetRef.uid`; shared with its workload
-    /// resource ([`crate::discovery::Resource::pod_uid`]).
-    pub uid: Arc<str>,
-    pub namespace: Box<str>,
-    pub generate_name: Box<str>,
-    pub labels: Labels,
-    /// Only the annotations the conversion reads (sources drop the rest).
-    pub annotations: Labels,
-    pub owner: Option<Box<Owner>>,
-    /// `metadata.deletionTimestamp` is set.
-    pub terminating: bool,
-    /// `status.phase`; the API server starts every pod as `Pending`.
-    pub phase: Box<str>,
-    /// Condition `Ready` is `True`.
-    pub ready: bool,
-    /// `status.podIPs`, falling back to `status.podIP`, in order.
-    pub ips: Box<[IpAddr]>,
-    /// `spec.serviceAccountName`, defaulted to `default`.
-    pub service_account: Box<str>,
-    pub node_name: Box<str>,
-    pub host_network: bool,
-    /// Named ports of containers and native sidecar init containers, in declaration order.
-    pub ports: Box<[ContainerPort]>,
 }
 
 /// A Service port's `targetPort`: a number, or the name of a container port.

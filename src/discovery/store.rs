@@ -482,7 +482,7 @@ impl Store {
             Kind::Pod => self
                 .pods
                 .iter()
-                .map(|p| ObjectRef::new(kind, &*p.namespace, &*p.name))
+                .map(|p| ObjectRef::new(kind, p.namespace(), p.name()))
                 .collect(),
             Kind::Service => keyed(kind, &self.services),
             Kind::ServiceEntry => keyed(kind, &self.service_entries),
@@ -542,7 +542,7 @@ impl<'a, T> IntoIterator for &'a SmallSet<T> {
 
 /// Pods by namespace, then name. A pod is keyed by its own `namespace` and `name` fields, so
 /// the store keeps no separate key strings nor a per-namespace name set; each pod is boxed so
-/// that a half-empty table slot costs 8 bytes, not the pod's 224.
+/// that a half-empty table slot costs 8 bytes, not the pod's 80.
 #[derive(Debug, Default)]
 pub struct Pods {
     by_namespace: HashMap<Box<str>, HashSet<ByName>>,
@@ -555,13 +555,13 @@ struct ByName(Box<Pod>);
 
 impl Borrow<str> for ByName {
     fn borrow(&self) -> &str {
-        &self.0.name
+        self.0.name()
     }
 }
 
 impl PartialEq for ByName {
     fn eq(&self, other: &Self) -> bool {
-        self.0.name == other.0.name
+        self.0.name() == other.0.name()
     }
 }
 
@@ -570,7 +570,7 @@ impl Eq for ByName {}
 impl Hash for ByName {
     // The same hash as the `str` it borrows as.
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.0.name.hash(state);
+        self.0.name().hash(state);
     }
 }
 
@@ -581,9 +581,9 @@ impl Pods {
 
     /// Stores a pod; returns the one it replaces.
     pub fn insert(&mut self, pod: Pod) -> Option<Pod> {
-        let set = match self.by_namespace.get_mut(&*pod.namespace) {
+        let set = match self.by_namespace.get_mut(pod.namespace()) {
             Some(set) => set,
-            None => self.by_namespace.entry(pod.namespace.clone()).or_default(),
+            None => self.by_namespace.entry(pod.namespace().into()).or_default(),
         };
         let old = set.replace(ByName(Box::new(pod))).map(|old| *old.0);
         self.len += usize::from(old.is_none());

@@ -11,7 +11,7 @@ use crate::pb::workload::{
     Locality, NetworkMode, TunnelProtocol, Workload, WorkloadStatus, WorkloadType,
 };
 
-const REDIRECTION_ANNOTATION: &str = "ambient.istio.io/redirection";
+pub const REDIRECTION_ANNOTATION: &str = "ambient.istio.io/redirection";
 const TUNNEL_LABEL: &str = "networking.istio.io/tunnel";
 const WORKLOAD_NAME_LABEL: &str = "service.istio.io/workload-name";
 const REGION_LABEL: &str = "topology.kubernetes.io/region";
@@ -27,17 +27,18 @@ pub fn build(
     pod: &Pod,
     reads: &mut Vec<Key>,
 ) -> Option<Workload> {
-    if matches!(&*pod.phase, "Succeeded" | "Failed") || pod.ips.is_empty() {
+    if matches!(pod.phase(), "Succeeded" | "Failed") || pod.ips().len() == 0 {
         return None;
     }
     let workload_name = workload_name(pod);
-    let (tunnel_protocol, native_tunnel) = tunnel_protocol(&pod.labels, &pod.annotations);
-    let healthy = pod.ready && !pod.terminating;
+    let (tunnel_protocol, native_tunnel) =
+        tunnel_protocol(pod.labels(), pod.annotation(REDIRECTION_ANNOTATION));
+    let healthy = pod.ready() && !pod.terminating();
     // A waypoint's own pods never use a waypoint; they may carry its inbound binding.
     let instance_of = pod
-        .labels
+        .labels()
         .get(GATEWAY_NAME_LABEL)
-        .map(|gateway| (pod.namespace.to_string(), gateway.to_string()));
+        .map(|gateway| (pod.namespace().to_string(), gateway.to_string()));
     if let Some(key) = &instance_of {
         reads.push(key.clone());
     }
@@ -45,31 +46,31 @@ pub fn build(
     let (waypoint, application_tunnel) = match instance {
         Some(instance) => (None, instance.binding),
         None => (
-            waypoint::resolve(store, &pod.namespace, &pod.labels, Bind::Workload, reads),
+            waypoint::resolve(store, pod.namespace(), pod.labels(), Bind::Workload, reads),
             None,
         ),
     };
     Some(Workload {
-        uid: pod_uid(&settings.cluster_id, &pod.namespace, &pod.name),
-        name: pod.name.to_string(),
-        namespace: pod.namespace.to_string(),
-        addresses: pod.ips.iter().map(ip_bytes).collect(),
+        uid: pod_uid(&settings.cluster_id, pod.namespace(), pod.name()),
+        name: pod.name().to_string(),
+        namespace: pod.namespace().to_string(),
+        addresses: pod.ips().map(|ip| ip_bytes(&ip)).collect(),
         network: store.network(settings).to_string(),
         tunnel_protocol: tunnel_protocol as i32,
         native_tunnel,
         trust_domain: settings.wire_trust_domain().to_string(),
-        service_account: pod.service_account.to_string(),
-        node: pod.node_name.to_string(),
-        canonical_name: canonical_name(&pod.labels, &workload_name),
-        canonical_revision: canonical_revision(&pod.labels),
+        service_account: pod.service_account().to_string(),
+        node: pod.node_name().to_string(),
+        canonical_name: canonical_name(pod.labels(), &workload_name),
+        canonical_revision: canonical_revision(pod.labels()),
         workload_type: WorkloadType::Pod as i32,
         workload_name,
-        services: membership::services_map(settings, store, &pod.namespace, Member::Pod(pod)),
+        services: membership::services_map(settings, store, pod.namespace(), Member::Pod(pod)),
         authorization_policies: policies::workload_policies(
             settings,
             store,
-            &pod.namespace,
-            &pod.labels,
+            pod.namespace(),
+            pod.labels(),
         ),
         waypoint,
         application_tunnel,
@@ -79,8 +80,8 @@ pub fn build(
             WorkloadStatus::Unhealthy
         } as i32,
         cluster_id: settings.cluster_id.clone(),
-        locality: node_locality(store, &pod.node_name),
-        network_mode: if pod.host_network {
+        locality: node_locality(store, pod.node_name()),
+        network_mode: if pod.host_network() {
             NetworkMode::HostNetwork
         } else {
             NetworkMode::Standard
@@ -92,31 +93,29 @@ pub fn build(
 /// The deployment-ish name istiod derives from a pod's controller (`GetDeployMetaFromPod`),
 /// overridden by the `service.istio.io/workload-name` label.
 pub fn workload_name(pod: &Pod) -> String {
-    if let Some(name) = pod.labels.get(WORKLOAD_NAME_LABEL) {
+    if let Some(name) = pod.labels().get(WORKLOAD_NAME_LABEL) {
         return name.to_string();
     }
-    let owner = match &pod.owner {
-        Some(owner) if !pod.generate_name.is_empty() => owner,
-        _ => return pod.name.to_string(),
+    let owner = match pod.owner() {
+        Some(owner) if !pod.generate_name().is_empty() => owner,
+        _ => return pod.name().to_string(),
     };
-    let label = |key: &str| pod.labels.get(key).filter(|v| !v.is_empty());
-    match owner.kind.as_str() {
+    let label = |key: &str| pod.labels().get(key).filter(|v| !v.is_empty());
+    match owner.kind {
         "ReplicaSet" => {
             let hash = label("pod-template-hash").or_else(|| label("rollouts-pod-template-hash"));
             match hash {
                 Some(hash) if owner.name.ends_with(hash) => owner
                     .name
                     .strip_suffix(&format!("-{hash}"))
-                    .unwrap_or(&owner.name)
+                    .unwrap_or(owner.name)
                     .to_string(),
-                _ => owner.name.clone(),
+                _ => owner.name.to_string(),
             }
         }
-        "ReplicationController" => label("deploymentconfig").unwrap_or(&owner.name).to_string(),
-        "Job" => cron_job_name(&owner.name)
-            .unwrap_or(&owner.name)
-            .to_string(),
-        _ => owner.name.clone(),
+        "ReplicationController" => label("deploymentconfig").unwrap_or(owner.name).to_string(),
+        "Job" => cron_job_name(owner.name).unwrap_or(owner.name).to_string(),
+        _ => owner.name.to_string(),
     }
 }
 
@@ -164,13 +163,11 @@ pub fn canonical_revision(labels: &Labels) -> String {
     .unwrap_or_else(|| "latest".to_string())
 }
 
-/// HBONE when istio-cni marked the pod redirected, or when the tunnel label lists `http` (then
+/// HBONE when istio-cni marked the pod redirected (`redirection`, the value of the
+/// [`REDIRECTION_ANNOTATION`]), or when the tunnel label lists `http` (then
 /// also `native_tunnel`). Never LEGACY_ISTIO_MTLS: ztunnel rejects it, and istiod never sends it.
-pub fn tunnel_protocol(labels: &Labels, annotations: &Labels) -> (TunnelProtocol, bool) {
-    if annotations
-        .get(REDIRECTION_ANNOTATION)
-        .is_some_and(|v| v == "enabled")
-    {
+pub fn tunnel_protocol(labels: &Labels, redirection: Option<&str>) -> (TunnelProtocol, bool) {
+    if redirection == Some("enabled") {
         return (TunnelProtocol::Hbone, false);
     }
     if labels

@@ -476,14 +476,17 @@ async fn coordinate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::discovery::model::{Namespace, Node, Object, Pod};
+    use crate::discovery::model::{Namespace, Node, Object, PodFields};
 
     fn pod(name: &str) -> Event {
-        Event::Apply(Object::Pod(Pod {
-            name: name.into(),
-            namespace: "demo".into(),
-            ..Pod::default()
-        }))
+        Event::Apply(Object::Pod(
+            PodFields {
+                name: name.into(),
+                namespace: "demo".into(),
+                ..PodFields::default()
+            }
+            .into(),
+        ))
     }
 
     fn names(events: &[Event]) -> Vec<String> {

@@ -14,8 +14,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::discovery::model::{
-    ContainerPort, IpFamily, Labels, Namespace, Node, Object, Owner, Pod, Protocol, Service,
-    ServicePort, TargetPort,
+    ContainerPort, IpFamily, Labels, Namespace, Node, Object, Owner, Pod, PodFields, Protocol,
+    Service, ServicePort, TargetPort,
 };
 use crate::kube::{mesh, security};
 
@@ -445,17 +445,15 @@ impl RawPod {
             .owner_references
             .iter()
             .find(|o| o.controller == Some(true))
-            .map(|o| {
-                Box::new(Owner {
-                    kind: o.kind.clone(),
-                    name: o.name.clone(),
-                })
+            .map(|o| Owner {
+                kind: o.kind.clone(),
+                name: o.name.clone(),
             });
-        Ok(Object::Pod(Pod {
-            name: name.into(),
+        Ok(Object::Pod(Pod::from(PodFields {
+            name,
             uid: self.metadata.uid.as_str().into(),
-            namespace: self.metadata.namespace().into(),
-            generate_name: self.metadata.generate_name.into(),
+            namespace: self.metadata.namespace(),
+            generate_name: self.metadata.generate_name,
             labels: self.metadata.labels,
             // Pods carry large annotations (sidecar status, checksums); keep only what the
             // conversion reads.
@@ -476,7 +474,7 @@ impl RawPod {
                 .iter()
                 // `status: True` unquoted is a YAML boolean, read as the text "true".
                 .any(|c| c.kind == "Ready" && c.status.eq_ignore_ascii_case("true")),
-            ips: ips.into(),
+            ips,
             service_account: spec
                 .service_account_name
                 .filter(|sa| !sa.is_empty())
@@ -484,10 +482,10 @@ impl RawPod {
                 .as_deref()
                 .unwrap_or("default")
                 .into(),
-            node_name: spec.node_name.into(),
+            node_name: spec.node_name,
             host_network: spec.host_network,
-            ports: ports.into(),
-        }))
+            ports,
+        })))
     }
 }
 
@@ -679,6 +677,7 @@ mod tests {
         ) else {
             panic!("not a pod")
         };
+        let pod = pod.to_fields();
         assert_eq!(&*pod.namespace, "default");
         assert_eq!(&*pod.service_account, "default");
         assert_eq!(&*pod.phase, "Pending");
@@ -696,6 +695,7 @@ mod tests {
         ) else {
             panic!("not a pod")
         };
+        let pod = pod.to_fields();
         let names: Vec<_> = pod.ports.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names, vec!["metrics"]);
     }

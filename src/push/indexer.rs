@@ -145,19 +145,22 @@ fn record(metrics: &Metrics, index: &Index, snapshot: &Snapshot, batch_started: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::discovery::model::{Object, Pod};
+    use crate::discovery::model::{Object, PodFields};
     use crate::discovery::{Kind, Settings};
 
     /// A pod whose `version` label (and so its Workload) changes with `label`.
     fn pod(label: &str) -> Event {
-        Event::Apply(Object::Pod(Pod {
-            name: "p".into(),
-            namespace: "ns".into(),
-            labels: [("version".to_string(), label.to_string())].into(),
-            phase: "Running".into(),
-            ips: ["10.0.0.1".parse().unwrap()].into(),
-            ..Default::default()
-        }))
+        Event::Apply(Object::Pod(
+            PodFields {
+                name: "p".into(),
+                namespace: "ns".into(),
+                labels: [("version".to_string(), label.to_string())].into(),
+                phase: "Running".into(),
+                ips: ["10.0.0.1".parse().unwrap()].into(),
+                ..Default::default()
+            }
+            .into(),
+        ))
     }
 
     /// How many snapshots were published for `burst` changes `gap` apart (generations are

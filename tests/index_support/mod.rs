@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ambientd::discovery::model::{
-    Endpoint, EndpointSlice, Gateway, GatewayClass, IpFamily, Labels, Namespace, Node, Pod,
+    Endpoint, EndpointSlice, Gateway, GatewayClass, IpFamily, Labels, Namespace, Node, PodFields,
     Protocol, Resolution, Service, ServiceEntry, ServiceEntryPort, ServicePort, SliceEndpoint,
     SlicePort, TargetPort, TargetRef, WorkloadEntry,
 };
@@ -40,13 +40,13 @@ pub fn labels(pairs: &[(&str, &str)]) -> Labels {
 }
 
 /// A running, ready pod on `node-a` with service account `default`.
-pub fn pod(namespace: &str, name: &str, pod_ip: &str) -> Pod {
-    Pod {
+pub fn pod(namespace: &str, name: &str, pod_ip: &str) -> PodFields {
+    PodFields {
         name: name.into(),
         namespace: namespace.into(),
         phase: "Running".into(),
         ready: true,
-        ips: [ip(pod_ip)].into(),
+        ips: vec![ip(pod_ip)],
         service_account: "default".into(),
         node_name: NODE.into(),
         ..Default::default()
@@ -54,8 +54,13 @@ pub fn pod(namespace: &str, name: &str, pod_ip: &str) -> Pod {
 }
 
 /// `pod(..)` with labels.
-pub fn pod_with(namespace: &str, name: &str, pod_ip: &str, pod_labels: &[(&str, &str)]) -> Pod {
-    Pod {
+pub fn pod_with(
+    namespace: &str,
+    name: &str,
+    pod_ip: &str,
+    pod_labels: &[(&str, &str)],
+) -> PodFields {
+    PodFields {
         labels: labels(pod_labels),
         ..pod(namespace, name, pod_ip)
     }

@@ -177,7 +177,7 @@ impl Index {
         targets: &mut BTreeSet<Target>,
     ) {
         for pod in self.store.pods_in(namespace) {
-            if selects(selector, &pod.labels) {
+            if selects(selector, pod.labels()) {
                 targets.insert(pod_target(pod));
             }
         }
@@ -206,7 +206,7 @@ impl Index {
                 self.store
                     .pods
                     .iter()
-                    .filter(|pod| *pod.node_name == *node.name)
+                    .filter(|pod| *pod.node_name() == *node.name)
                     .map(pod_target),
             ),
             // Waypoints are handled by `after_change`.
@@ -305,5 +305,5 @@ impl Index {
 
 /// The target that builds a pod's workload.
 fn pod_target(pod: &crate::discovery::model::Pod) -> Target {
-    Target::Pod((pod.namespace.to_string(), pod.name.to_string()))
+    Target::Pod((pod.namespace().to_string(), pod.name().to_string()))
 }

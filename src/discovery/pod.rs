@@ -1,0 +1,574 @@
+//! [`Pod`]: the reduced Kubernetes Pod, packed.
+//!
+//! 100k stored pods make every allocation per pod count. A pod with one `Box<str>` per field,
+//! boxed owner and port lists took about 19 small blocks (440 B, each rounded up to a size
+//! class, plus 16 B inline per string). A [`Pod`] keeps its strings in one `Box<str>` and its
+//! offsets, ports and IPs in one `Box<[u32]>`; its labels stay a [`Labels`] (the index's hot path
+//! reads them as `&Labels`), and its uid an `Arc<str>` shared with its workload resource. Sources
+//! and tests fill in a [`PodFields`] (plain owned fields) and pack it with `Pod::from`.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+
+use crate::discovery::labels::Labels;
+use crate::discovery::model::Protocol;
+
+/// The controller owner of a pod (`ownerReferences[controller=true]`): owned in
+/// [`PodFields`], borrowed (`Owner<&str>`) from a [`Pod`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Owner<S = String> {
+    pub kind: S,
+    pub name: S,
+}
+
+/// A named container port (`spec.containers[*].ports`, plus native sidecar init containers):
+/// owned in [`PodFields`], borrowed (`ContainerPort<&str>`) from a [`Pod`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ContainerPort<S = String> {
+    pub name: S,
+    pub port: u16,
+    pub protocol: Protocol,
+}
+
+/// The fields of a [`Pod`], unpacked: what a source or a test fills in before packing it with
+/// `Pod::from`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodFields {
+    pub name: String,
+    /// `metadata.uid`, compared with EndpointSlice `targetRef.uid`; shared with its workload
+    /// resource ([`crate::discovery::Resource::pod_uid`]).
+    pub uid: Arc<str>,
+    pub namespace: String,
+    pub generate_name: String,
+    pub labels: Labels,
+    /// Only the annotations the conversion reads (sources drop the rest).
+    pub annotations: Labels,
+    pub owner: Option<Owner>,
+    /// `metadata.deletionTimestamp` is set.
+    pub terminating: bool,
+    /// `status.phase`; the API server starts every pod as `Pending`.
+    pub phase: String,
+    /// Condition `Ready` is `True`.
+    pub ready: bool,
+    /// `status.podIPs`, falling back to `status.podIP`, in order.
+    pub ips: Vec<IpAddr>,
+    /// `spec.serviceAccountName`, defaulted to `default`.
+    pub service_account: String,
+    pub node_name: String,
+    pub host_network: bool,
+    /// Named ports of containers and native sidecar init containers, in declaration order.
+    pub ports: Vec<ContainerPort>,
+}
+
+/// A reduced Pod, packed: its fields read through methods named as those of [`PodFields`].
+///
+/// `text` holds the strings in this order: the fixed ones (name, namespace, generate name,
+/// phase, service account, node name, owner kind and name), each annotation's key and value,
+/// each port's name. The generate name and the owner's name are nearly always prefixes of the
+/// name (`web-7d4b9-` and `web-7d4b9` of `web-7d4b9-x2x`); such a one is empty in `text` and
+/// read as the name's first bytes, its length in the prefixes word. `table` holds, in order:
+/// the head words (flags, the annotation, port and IP counts, the prefixes); the end offset in
+/// `text` of each string; one word per port (number, and protocol above bit 16); and per IP a
+/// family word (4 or 6) followed by its 1 or 4 address words. The encoding is canonical, so
+/// two pods are equal exactly when their fields are.
+#[derive(Clone, PartialEq)]
+pub struct Pod {
+    uid: Arc<str>,
+    labels: Labels,
+    text: Box<str>,
+    table: Box<[u32]>,
+}
+
+// The strings at fixed positions in `text`.
+const NAME: usize = 0;
+const NAMESPACE: usize = 1;
+const GENERATE_NAME: usize = 2;
+const PHASE: usize = 3;
+const SERVICE_ACCOUNT: usize = 4;
+const NODE_NAME: usize = 5;
+const OWNER_KIND: usize = 6;
+const OWNER_NAME: usize = 7;
+const FIXED: usize = 8;
+
+// The words at the head of `table` (a flag word here, not a byte in the `Pod`, keeps the `Pod`
+// at 80 B, a size class of its own, instead of 81 rounded up to 96).
+const FLAGS: usize = 0;
+const ANNOTATIONS: usize = 1;
+const PORTS: usize = 2;
+const IPS: usize = 3;
+/// The generate name's length (low half) and the owner name's (high half) when prefixes.
+const PREFIXES: usize = 4;
+const HEAD: usize = 5;
+
+// The bits of `table[FLAGS]`.
+const TERMINATING: u32 = 1;
+const READY: u32 = 2;
+const HOST_NETWORK: u32 = 4;
+const HAS_OWNER: u32 = 8;
+const GENERATE_NAME_IS_PREFIX: u32 = 16;
+const OWNER_NAME_IS_PREFIX: u32 = 32;
+
+impl Pod {
+    pub fn name(&self) -> &str {
+        self.string(NAME)
+    }
+
+    /// `metadata.uid`, shared with its workload resource.
+    pub fn uid(&self) -> &Arc<str> {
+        &self.uid
+    }
+
+    pub fn namespace(&self) -> &str {
+        self.string(NAMESPACE)
+    }
+
+    pub fn generate_name(&self) -> &str {
+        self.name_or_prefix(GENERATE_NAME, GENERATE_NAME_IS_PREFIX, 0)
+    }
+
+    pub fn labels(&self) -> &Labels {
+        &self.labels
+    }
+
+    /// The value of one of the annotations kept (sources keep only those the conversion reads).
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.annotations().find(|(k, _)| *k == key).map(|(_, v)| v)
+    }
+
+    /// The annotations kept, in key order.
+    pub fn annotations(&self) -> impl Iterator<Item = (&str, &str)> {
+        (0..self.count(ANNOTATIONS)).map(|i| {
+            let at = FIXED + 2 * i;
+            (self.string(at), self.string(at + 1))
+        })
+    }
+
+    pub fn owner(&self) -> Option<Owner<&str>> {
+        self.flag(HAS_OWNER).then(|| Owner {
+            kind: self.string(OWNER_KIND),
+            name: self.name_or_prefix(OWNER_NAME, OWNER_NAME_IS_PREFIX, 16),
+        })
+    }
+
+    /// `metadata.deletionTimestamp` is set.
+    pub fn terminating(&self) -> bool {
+        self.flag(TERMINATING)
+    }
+
+    /// `status.phase`.
+    pub fn phase(&self) -> &str {
+        self.string(PHASE)
+    }
+
+    /// Condition `Ready` is `True`.
+    pub fn ready(&self) -> bool {
+        self.flag(READY)
+    }
+
+    /// `status.podIPs` (or `status.podIP`), in order.
+    pub fn ips(&self) -> Ips<'_> {
+        let words = &self.table[self.ports_end()..];
+        Ips {
+            words,
+            left: self.count(IPS),
+        }
+    }
+
+    /// `spec.serviceAccountName`.
+    pub fn service_account(&self) -> &str {
+        self.string(SERVICE_ACCOUNT)
+    }
+
+    pub fn node_name(&self) -> &str {
+        self.string(NODE_NAME)
+    }
+
+    pub fn host_network(&self) -> bool {
+        self.flag(HOST_NETWORK)
+    }
+
+    /// Named ports of containers and native sidecar init containers, in declaration order.
+    pub fn ports(&self) -> impl Iterator<Item = ContainerPort<&str>> {
+        let first_name = FIXED + 2 * self.count(ANNOTATIONS);
+        let words = self.strings_end();
+        (0..self.count(PORTS)).map(move |i| {
+            let word = self.table[words + i];
+            ContainerPort {
+                name: self.string(first_name + i),
+                port: word as u16,
+                protocol: match word >> 16 {
+                    0 => Protocol::Tcp,
+                    1 => Protocol::Udp,
+                    _ => Protocol::Sctp,
+                },
+            }
+        })
+    }
+
+    /// The fields, unpacked.
+    pub fn to_fields(&self) -> PodFields {
+        PodFields {
+            name: self.name().to_string(),
+            uid: self.uid.clone(),
+            namespace: self.namespace().to_string(),
+            generate_name: self.generate_name().to_string(),
+            labels: self.labels.clone(),
+            annotations: self.annotations().collect(),
+            owner: self.owner().map(|o| Owner {
+                kind: o.kind.to_string(),
+                name: o.name.to_string(),
+            }),
+            terminating: self.terminating(),
+            phase: self.phase().to_string(),
+            ready: self.ready(),
+            ips: self.ips().collect(),
+            service_account: self.service_account().to_string(),
+            node_name: self.node_name().to_string(),
+            host_network: self.host_network(),
+            ports: self
+                .ports()
+                .map(|p| ContainerPort {
+                    name: p.name.to_string(),
+                    port: p.port,
+                    protocol: p.protocol,
+                })
+                .collect(),
+        }
+    }
+
+    /// One of the counts in the table's head.
+    fn count(&self, i: usize) -> usize {
+        self.table[i] as usize
+    }
+
+    fn flag(&self, bit: u32) -> bool {
+        self.table[FLAGS] & bit != 0
+    }
+
+    /// The index in `table` just past the string ends.
+    fn strings_end(&self) -> usize {
+        HEAD + FIXED + 2 * self.count(ANNOTATIONS) + self.count(PORTS)
+    }
+
+    /// The index in `table` just past the port words.
+    fn ports_end(&self) -> usize {
+        self.strings_end() + self.count(PORTS)
+    }
+
+    /// String `i`, or (`flag` set) the name's first bytes, as many as the half of the prefixes
+    /// word at `shift`.
+    fn name_or_prefix(&self, i: usize, flag: u32, shift: u32) -> &str {
+        if self.flag(flag) {
+            &self.name()[..(self.table[PREFIXES] >> shift & 0xffff) as usize]
+        } else {
+            self.string(i)
+        }
+    }
+
+    fn string(&self, i: usize) -> &str {
+        let start = if i == 0 {
+            0
+        } else {
+            self.table[HEAD + i - 1] as usize
+        };
+        &self.text[start..self.table[HEAD + i] as usize]
+    }
+}
+
+impl Default for Pod {
+    fn default() -> Self {
+        Pod::from(PodFields::default())
+    }
+}
+
+impl From<PodFields> for Pod {
+    fn from(pod: PodFields) -> Self {
+        let no_owner = Owner::default();
+        let owner = pod.owner.as_ref().unwrap_or(&no_owner);
+        // The length of a prefix of the name (stored as that length, not as text).
+        let prefix = |s: &str| {
+            let len = u16::try_from(s.len()).ok()?;
+            pod.name.starts_with(s).then_some(u32::from(len))
+        };
+        let generate_prefix = prefix(&pod.generate_name);
+        let owner_prefix = pod.owner.as_ref().and_then(|o| prefix(&o.name));
+        let fixed: [&str; FIXED] = [
+            &pod.name,
+            &pod.namespace,
+            if generate_prefix.is_some() {
+                ""
+            } else {
+                &pod.generate_name
+            },
+            &pod.phase,
+            &pod.service_account,
+            &pod.node_name,
+            &owner.kind,
+            if owner_prefix.is_some() {
+                ""
+            } else {
+                &owner.name
+            },
+        ];
+        let strings = || {
+            fixed
+                .into_iter()
+                .chain(pod.annotations.iter().flat_map(|(k, v)| [k, v]))
+                .chain(pod.ports.iter().map(|p| p.name.as_str()))
+        };
+        let size: usize = strings().map(str::len).sum();
+        assert!(u32::try_from(size).is_ok(), "pod strings over 4 GiB");
+        let (annotations, ports) = (pod.annotations.len(), pod.ports.len());
+        let ip_words: usize = pod.ips.iter().map(|ip| 1 + ip_len(ip)).sum();
+        let mut text = String::with_capacity(size);
+        let mut table = Vec::with_capacity(HEAD + FIXED + 2 * annotations + 2 * ports + ip_words);
+        let flags = [
+            (pod.terminating, TERMINATING),
+            (pod.ready, READY),
+            (pod.host_network, HOST_NETWORK),
+            (pod.owner.is_some(), HAS_OWNER),
+            (generate_prefix.is_some(), GENERATE_NAME_IS_PREFIX),
+            (owner_prefix.is_some(), OWNER_NAME_IS_PREFIX),
+        ]
+        .into_iter()
+        .filter(|(set, _)| *set)
+        .fold(0, |flags, (_, bit)| flags | bit);
+        table.push(flags);
+        table.extend([annotations, ports, pod.ips.len()].map(|n| n as u32));
+        table.push(generate_prefix.unwrap_or(0) | owner_prefix.unwrap_or(0) << 16);
+        for s in strings() {
+            text.push_str(s);
+            table.push(text.len() as u32);
+        }
+        table.extend(pod.ports.iter().map(|p| {
+            let protocol = match p.protocol {
+                Protocol::Tcp => 0,
+                Protocol::Udp => 1,
+                Protocol::Sctp => 2,
+            };
+            u32::from(p.port) | protocol << 16
+        }));
+        for ip in &pod.ips {
+            match ip {
+                IpAddr::V4(v4) => table.extend([4, u32::from(*v4)]),
+                IpAddr::V6(v6) => {
+                    let bits = u128::from(*v6);
+                    table.push(6);
+                    table.extend((0..4).rev().map(|i| (bits >> (32 * i)) as u32));
+                }
+            }
+        }
+        Pod {
+            uid: pod.uid,
+            labels: pod.labels,
+            text: text.into_boxed_str(),
+            table: table.into_boxed_slice(),
+        }
+    }
+}
+
+/// The address words of one IP.
+fn ip_len(ip: &IpAddr) -> usize {
+    if ip.is_ipv4() { 1 } else { 4 }
+}
+
+/// A pod's IPs, in order.
+#[derive(Clone, Debug)]
+pub struct Ips<'a> {
+    words: &'a [u32],
+    left: usize,
+}
+
+impl Iterator for Ips<'_> {
+    type Item = IpAddr;
+
+    fn next(&mut self) -> Option<IpAddr> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let (ip, len) = match self.words[0] {
+            4 => (IpAddr::V4(Ipv4Addr::from(self.words[1])), 1),
+            _ => {
+                let bits = self.words[1..5]
+                    .iter()
+                    .fold(0u128, |bits, &w| bits << 32 | u128::from(w));
+                (IpAddr::V6(Ipv6Addr::from(bits)), 4)
+            }
+        };
+        self.words = &self.words[1 + len..];
+        Some(ip)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl ExactSizeIterator for Ips<'_> {}
+
+impl fmt::Debug for Pod {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pod")
+            .field("name", &self.name())
+            .field("uid", &self.uid)
+            .field("namespace", &self.namespace())
+            .field("generate_name", &self.generate_name())
+            .field("labels", &self.labels)
+            .field("annotations", &self.annotations().collect::<Labels>())
+            .field("owner", &self.owner())
+            .field("terminating", &self.terminating())
+            .field("phase", &self.phase())
+            .field("ready", &self.ready())
+            .field("ips", &self.ips().collect::<Vec<_>>())
+            .field("service_account", &self.service_account())
+            .field("node_name", &self.node_name())
+            .field("host_network", &self.host_network())
+            .field("ports", &self.ports().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn full() -> PodFields {
+        PodFields {
+            name: "web-7d4b9-x2x".into(),
+            uid: "0000-1111".into(),
+            namespace: "demo".into(),
+            generate_name: "web-7d4b9-".into(),
+            labels: Labels::from([("app", "web"), ("version", "v1")]),
+            annotations: Labels::from([("a/b", "on"), ("c", "")]),
+            owner: Some(Owner {
+                kind: "ReplicaSet".into(),
+                name: "web-7d4b9".into(),
+            }),
+            terminating: true,
+            phase: "Running".into(),
+            ready: true,
+            ips: vec!["fd00::1:2".parse().unwrap(), "10.0.0.9".parse().unwrap()],
+            service_account: "web".into(),
+            node_name: "node-a".into(),
+            host_network: true,
+            ports: vec![
+                ContainerPort {
+                    name: "http".into(),
+                    port: 8080,
+                    protocol: Protocol::Tcp,
+                },
+                ContainerPort {
+                    name: "dns".into(),
+                    port: 65535,
+                    protocol: Protocol::Udp,
+                },
+                ContainerPort {
+                    name: "s".into(),
+                    port: 1,
+                    protocol: Protocol::Sctp,
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn every_field_reads_back_as_packed() {
+        let fields = full();
+        let pod = Pod::from(fields.clone());
+        assert_eq!(pod.name(), "web-7d4b9-x2x");
+        assert_eq!(&**pod.uid(), "0000-1111");
+        assert_eq!(pod.namespace(), "demo");
+        assert_eq!(pod.generate_name(), "web-7d4b9-");
+        assert_eq!(pod.labels().get("app"), Some("web"));
+        assert_eq!(pod.annotation("a/b"), Some("on"));
+        assert_eq!(pod.annotation("c"), Some(""));
+        assert_eq!(pod.annotation("d"), None);
+        assert_eq!(
+            pod.owner(),
+            Some(Owner {
+                kind: "ReplicaSet",
+                name: "web-7d4b9"
+            })
+        );
+        assert!(pod.terminating() && pod.ready() && pod.host_network());
+        assert_eq!(pod.phase(), "Running");
+        assert_eq!(pod.ips().len(), 2);
+        assert_eq!(pod.ips().collect::<Vec<_>>(), fields.ips);
+        assert_eq!(pod.service_account(), "web");
+        assert_eq!(pod.node_name(), "node-a");
+        let ports: Vec<_> = pod.ports().map(|p| (p.name, p.port, p.protocol)).collect();
+        assert_eq!(
+            ports,
+            [
+                ("http", 8080, Protocol::Tcp),
+                ("dns", 65535, Protocol::Udp),
+                ("s", 1, Protocol::Sctp)
+            ]
+        );
+        assert_eq!(pod.to_fields(), fields);
+    }
+
+    #[test]
+    fn pods_are_equal_exactly_when_their_fields_are() {
+        let pod = Pod::from(full());
+        assert_eq!(pod, Pod::from(full()));
+        let changes: [fn(&mut PodFields); 11] = [
+            |p| p.owner = None,
+            |p| p.owner.as_mut().unwrap().kind = String::new(),
+            |p| p.ready = false,
+            |p| p.ips.reverse(),
+            |p| p.ports[1].protocol = Protocol::Tcp,
+            // The same text, split differently.
+            |p| {
+                p.name = "web-7d4b9-x2xdemo".into();
+                p.namespace = String::new();
+            },
+            // Generate and owner names that are not prefixes of the name, and names that are
+            // (or no longer are) prefixed by them.
+            |p| p.generate_name = "other-".into(),
+            |p| p.generate_name = String::new(),
+            |p| p.owner.as_mut().unwrap().name = "web-7d4b9-x2x-longer".into(),
+            |p| p.name = "web-7d4b9-y".into(),
+            |p| p.name = "x".into(),
+        ];
+        for change in changes {
+            let mut fields = full();
+            change(&mut fields);
+            assert_ne!(Pod::from(fields.clone()), pod, "{fields:?}");
+            assert_eq!(Pod::from(fields.clone()).to_fields(), fields);
+        }
+    }
+
+    #[test]
+    fn a_pod_is_80_bytes_and_two_blocks_besides_its_labels_and_uid() {
+        assert_eq!(std::mem::size_of::<Pod>(), 80);
+        let pod = Pod::from(full());
+        // The generate name and the owner's name are the name's prefixes: not in the text.
+        assert_eq!(
+            &*pod.text,
+            "web-7d4b9-x2xdemoRunningwebnode-aReplicaSeta/bonchttpdnss"
+        );
+        assert_eq!(
+            pod.table.len(),
+            HEAD + FIXED + 4 + 2 * 3 + (1 + 4) + (1 + 1)
+        );
+    }
+
+    #[test]
+    fn an_empty_pod_reads_as_empty() {
+        for pod in [Pod::default(), Pod::from(PodFields::default())] {
+            assert_eq!(pod.name(), "");
+            assert_eq!(pod.owner(), None);
+            assert_eq!(pod.ips().next(), None);
+            assert_eq!(pod.ports().count(), 0);
+            assert_eq!(pod.annotations().count(), 0);
+            assert_eq!(pod.to_fields(), PodFields::default());
+        }
+        assert_eq!(
+            format!("{:?}", Pod::from(full())),
+            format!("{:?}", full()).replacen("PodFields", "Pod", 1)
+        );
+    }
+}
