@@ -12,7 +12,7 @@ use ambientd::discovery::snapshot::HISTORY;
 use ambientd::discovery::{Index, Object, Snapshot, TypeKind};
 use ambientd::pb::xds::{DeltaDiscoveryRequest, Status};
 use ambientd::push::subscription::{
-    Delta, RequestKind, Subscription, TypeState, WILDCARD, classify, split,
+    Delta, InFlight, PUSH_WINDOW, RequestKind, Subscription, TypeState, WILDCARD, classify, split,
 };
 use index_support::*;
 
@@ -572,4 +572,48 @@ fn split_keeps_every_resource_once_under_the_limit() {
     assert_eq!(sent, whole.0);
     // Nothing to send is still one (empty) part: an initial request is always answered.
     assert_eq!(split(Delta::default(), 1), vec![Delta::default()]);
+}
+
+#[test]
+fn the_push_window_fills_and_answers_free_it_in_order() {
+    assert_eq!(PUSH_WINDOW, 2);
+    let mut window = InFlight::default();
+    assert!(window.is_empty() && !window.is_full());
+    // Nonces are the connection's response counters in hex; other types' responses are
+    // interleaved (counters 0xb and 0xc went to another type).
+    window.sent(0xa);
+    assert!(
+        !window.is_full(),
+        "one response in flight leaves room for the next"
+    );
+    window.sent(0xd);
+    assert!(window.is_full());
+
+    // Nonces that are not ours, or are no longer in flight, change nothing.
+    for nonce in ["", "zz", "9", "-1"] {
+        window.answered(nonce);
+        assert_eq!(window.len(), 2, "answering {nonce:?}");
+    }
+    // An answer to the older response frees one place; the newer one stays in flight.
+    window.answered("a");
+    assert_eq!(window.len(), 1);
+    assert!(!window.is_full());
+    // Answering the newest answers everything before it (responses are read in order).
+    window.sent(0x10);
+    assert!(window.is_full());
+    window.answered("10");
+    assert!(window.is_empty());
+}
+
+#[test]
+fn a_split_response_past_the_window_is_freed_by_answering_its_last_part() {
+    let mut window = InFlight::default();
+    for counter in 1..=5 {
+        window.sent(counter);
+    }
+    assert!(window.is_full());
+    window.answered("3");
+    assert!(window.is_full(), "parts 4 and 5 are still unanswered");
+    window.answered("5");
+    assert!(window.is_empty());
 }

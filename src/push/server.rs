@@ -410,16 +410,17 @@ impl Connection {
         }
     }
 
-    /// The first dirty type (Address before Authorization) whose last response the proxy has
-    /// answered. A type whose response is still unacknowledged stays dirty: its changes
-    /// coalesce here, so the proxy's HTTP/2 buffers (hyper lets a stream queue up to 400 KiB)
-    /// never fill with responses that later ones supersede, and the next response, once the
-    /// ACK comes, carries only the latest version of each changed resource.
+    /// The first dirty type (Address before Authorization) with fewer than
+    /// [`PUSH_WINDOW`](crate::push::subscription::PUSH_WINDOW) responses awaiting the proxy's
+    /// answer. A type with a full window stays dirty: its changes coalesce here, so the
+    /// proxy's HTTP/2 buffers (hyper lets a stream queue up to 400 KiB) never fill with
+    /// responses that later ones supersede, and the next response, once an ACK comes,
+    /// carries only the latest version of each changed resource.
     fn next_pushable(&self) -> Option<TypeKind> {
         self.dirty
             .iter()
             .copied()
-            .find(|kind| self.types.get(kind).is_none_or(|s| !s.awaiting_ack))
+            .find(|kind| self.types.get(kind).is_none_or(|s| !s.in_flight.is_full()))
     }
 
     fn can_push(&self) -> bool {
@@ -515,7 +516,7 @@ impl Connection {
             RequestKind::Ack(kind) => {
                 debug!(%kind, nonce = request.response_nonce, "ack");
                 if let Some(state) = self.types.get_mut(&kind) {
-                    state.awaiting_ack = false;
+                    state.in_flight.answered(&request.response_nonce);
                 }
                 let nonce = request.response_nonce.clone();
                 self.status.update(|s| {
@@ -528,6 +529,11 @@ impl Connection {
                 self.subscribe(kind, snapshot, &request).await
             }
             RequestKind::Stale(kind) => {
+                // An answer to an earlier response still frees its place in the window; the
+                // request itself is ignored, as istiod ignores requests with stale nonces.
+                if let Some(state) = self.types.get_mut(&kind) {
+                    state.in_flight.answered(&request.response_nonce);
+                }
                 debug!(%kind, nonce = request.response_nonce, "stale nonce ignored");
                 self.metrics
                     .expired_nonce
@@ -539,7 +545,7 @@ impl Connection {
                 let proxy = self.proxy.as_ref().map(|p| p.id.as_str()).unwrap_or("");
                 warn!(proxy, %kind, nonce = request.response_nonce, error = message, "proxy rejected resources (NACK); not re-sending them");
                 if let Some(state) = self.types.get_mut(&kind) {
-                    state.awaiting_ack = false;
+                    state.in_flight.answered(&request.response_nonce);
                 }
                 self.metrics
                     .rejects
@@ -719,7 +725,7 @@ impl Connection {
             let bytes: usize = part.resources.iter().map(|r| r.value.len()).sum();
             if let Some(state) = self.types.get_mut(&kind) {
                 state.last_nonce = nonce;
-                state.awaiting_ack = true;
+                state.in_flight.sent(self.sent);
             }
             self.publish_status(kind);
             // A proxy that reads nothing for the idle timeout is dropped: its buffers stay

@@ -101,6 +101,61 @@ pub fn classify(request: &DeltaDiscoveryRequest, last_nonce: Option<&str>) -> Re
     }
 }
 
+/// How many responses of one type may await their ACK or NACK before further changes wait
+/// and coalesce. One would make every push wait a full round trip to the proxy (under load,
+/// the proxy's ACK is slowest exactly when changes come fastest); two lets the next response
+/// go while the previous one is being applied, and still bounds what HTTP/2 buffers per
+/// stream to two responses per type.
+pub const PUSH_WINDOW: usize = 2;
+
+/// The nonces (the connection's response counters) of one type's unanswered responses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InFlight {
+    counters: [u64; PUSH_WINDOW],
+    len: u8,
+}
+
+impl InFlight {
+    /// Whether no more responses may be pushed until one is answered.
+    pub fn is_full(&self) -> bool {
+        usize::from(self.len) >= PUSH_WINDOW
+    }
+
+    pub fn len(&self) -> usize {
+        usize::from(self.len)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Records a response sent with counter `counter` (a split response sends several; past
+    /// the window only the newest are remembered, and answering those frees the window).
+    pub fn sent(&mut self, counter: u64) {
+        if self.is_full() {
+            self.counters.copy_within(1.., 0);
+            self.len -= 1;
+        }
+        self.counters[usize::from(self.len)] = counter;
+        self.len += 1;
+    }
+
+    /// The proxy answered the response with nonce `nonce`: it and every earlier one are done
+    /// (a proxy answers responses in the order it reads them). A nonce that is not ours, or
+    /// not in flight, changes nothing.
+    pub fn answered(&mut self, nonce: &str) {
+        let Ok(counter) = u64::from_str_radix(nonce, 16) else {
+            return;
+        };
+        let done = self.counters[..self.len()]
+            .iter()
+            .take_while(|c| **c <= counter)
+            .count();
+        self.counters.copy_within(done.., 0);
+        self.len -= done as u8;
+    }
+}
+
 /// Resources to send and names to remove, for one response.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Delta {
@@ -127,9 +182,9 @@ pub struct TypeState {
     known: Option<KnownVersions>,
     /// The nonce of the last response sent.
     pub last_nonce: String,
-    /// Whether the last response sent is not yet ACKed or NACKed. While it is, snapshot
-    /// changes wait (coalescing) instead of queueing behind it in HTTP/2's buffers.
-    pub awaiting_ack: bool,
+    /// Responses sent and not yet ACKed or NACKed. While [`PUSH_WINDOW`] of them are,
+    /// snapshot changes wait (coalescing) instead of queueing behind them in HTTP/2's buffers.
+    pub in_flight: InFlight,
     /// The generation of the newest snapshot noted.
     seen: u64,
     /// Names changed between the client's view and snapshot `seen`, each once however often it
@@ -181,7 +236,7 @@ impl TypeState {
             held: HashMap::new(),
             known: Some(known),
             last_nonce: String::new(),
-            awaiting_ack: false,
+            in_flight: InFlight::default(),
             seen: 0,
             changed: Some(BTreeSet::new()),
             node: None,
