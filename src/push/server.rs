@@ -481,6 +481,13 @@ impl Connection {
             });
             self.proxy = Some(proxy);
         }
+        // A request naming one of our nonces (ACK, NACK, or an ACK gone stale) answers that
+        // response and every earlier one: their places in the push window are free.
+        if let Some(state) =
+            TypeKind::from_type_url(&request.type_url).and_then(|kind| self.types.get_mut(&kind))
+        {
+            state.in_flight.answered(&request.response_nonce);
+        }
         let last_nonce = TypeKind::from_type_url(&request.type_url)
             .and_then(|kind| self.types.get(&kind))
             .map(|state| state.last_nonce.as_str());
@@ -515,9 +522,6 @@ impl Connection {
             }
             RequestKind::Ack(kind) => {
                 debug!(%kind, nonce = request.response_nonce, "ack");
-                if let Some(state) = self.types.get_mut(&kind) {
-                    state.in_flight.answered(&request.response_nonce);
-                }
                 let nonce = request.response_nonce.clone();
                 self.status.update(|s| {
                     if let Some(t) = s.types.get_mut(&kind) {
@@ -529,11 +533,8 @@ impl Connection {
                 self.subscribe(kind, snapshot, &request).await
             }
             RequestKind::Stale(kind) => {
-                // An answer to an earlier response still frees its place in the window; the
-                // request itself is ignored, as istiod ignores requests with stale nonces.
-                if let Some(state) = self.types.get_mut(&kind) {
-                    state.in_flight.answered(&request.response_nonce);
-                }
+                // The request itself is ignored, as istiod ignores requests with stale nonces
+                // (its response was still answered above).
                 debug!(%kind, nonce = request.response_nonce, "stale nonce ignored");
                 self.metrics
                     .expired_nonce
@@ -544,9 +545,6 @@ impl Connection {
             RequestKind::Nack { kind, message } => {
                 let proxy = self.proxy.as_ref().map(|p| p.id.as_str()).unwrap_or("");
                 warn!(proxy, %kind, nonce = request.response_nonce, error = message, "proxy rejected resources (NACK); not re-sending them");
-                if let Some(state) = self.types.get_mut(&kind) {
-                    state.in_flight.answered(&request.response_nonce);
-                }
                 self.metrics
                     .rejects
                     .get_or_create(&TypeLabel::of(kind))
