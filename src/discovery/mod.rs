@@ -21,6 +21,7 @@ pub mod service_entry;
 pub mod snapshot;
 pub mod status;
 pub mod store;
+pub mod trie;
 pub mod waypoint;
 pub mod workload;
 

@@ -205,9 +205,9 @@ impl Changes {
     }
 }
 
-/// A persistent hash map (cheap to clone, O(log n) to change) with a fast, seeded hasher.
-pub type PersistentMap<K, V> =
-    imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
+/// A persistent hash map (cheap to clone, O(log n) to change), dense in memory
+/// ([`crate::discovery::trie`]).
+pub type PersistentMap<K, V> = crate::discovery::trie::HashTrie<K, V>;
 
 /// Resource names, sorted and unique, shared between snapshots.
 pub type Names = Arc<[Name]>;
