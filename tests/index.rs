@@ -441,8 +441,8 @@ fn system_namespace_network_label_sets_every_network() {
             .addresses
             .get(uid(NS, "p").as_str())
             .unwrap()
-            .aliases,
-        vec!["net1/10.0.0.1".into()].into()
+            .aliases(),
+        [ambientd::discovery::snapshot::Name::from("net1/10.0.0.1")]
     );
     assert_eq!(
         snapshot.lookup_addresses("net1/10.0.0.1"),

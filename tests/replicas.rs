@@ -35,8 +35,8 @@ fn contents(snapshot: &Snapshot) -> Contents {
                 (type_url, name.to_string()),
                 (
                     resource.version.to_string(),
-                    resource.value.clone(),
-                    resource.aliases.iter().map(|a| a.to_string()).collect(),
+                    resource.value.to_vec().into(),
+                    resource.aliases().iter().map(|a| a.to_string()).collect(),
                 ),
             );
         }

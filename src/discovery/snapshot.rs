@@ -62,59 +62,135 @@ impl std::fmt::Display for Version {
 pub type Name = Arc<str>;
 
 /// One xDS resource, encoded once and shared by every connection that sends it.
+///
+/// 96 bytes with its `Arc` (there is one per workload): the index's links (aliases, services,
+/// node, waypoints) share one slice, and the value is a plain boxed slice (a `Bytes` is 32
+/// bytes and allocates a shared header on its first clone; sends copy from the slice anyway).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Resource {
     /// The xDS name: a workload uid, `ns/hostname` for a service, `ns/name` for a policy.
     pub name: Name,
     /// xxhash64 of the encoded `Any` value, sent as hex.
     pub version: Version,
-    /// `network/ip` aliases, for on-demand lookups (not sent: ztunnel ignores them; see
-    /// `push::response`).
-    pub aliases: Box<[Name]>,
-    /// Whether this Address holds a Service (else a Workload).
-    pub is_service: bool,
-    /// For a workload: the service keys (`ns/hostname`) in its services map (shared with the
-    /// snapshot's `members` keys once stored).
-    pub services: Box<[Name]>,
-    /// For a workload: the node it runs on (empty if none; shared with the `by_node` key once
-    /// stored).
-    pub node: Option<Name>,
-    /// Lookup keys of the waypoint this workload or service uses: `ns/hostname` or
-    /// `network/ip` (see [`Snapshot::lookup_addresses`]).
-    pub waypoints: Box<[Box<str>]>,
+    /// The encoded message: the `Any`'s value, shared (not copied) by every send.
+    pub value: Box<[u8]>,
+    /// [`Resource::aliases`], then [`Resource::services`], then [`Resource::node`], then
+    /// [`Resource::waypoints`]: one allocation for what the index's lookups need.
+    links: Box<[Name]>,
     /// For a pod's workload: the pod's Kubernetes `metadata.uid` (the CA checks a token's pod
     /// binding against it). Not sent; a pod re-created under its name changes only this.
     /// Shared with the stored pod.
     pub pod_uid: Option<Arc<str>>,
+    aliases: u16,
+    services: u16,
+    has_node: bool,
+    /// Whether this Address holds a Service (else a Workload).
+    pub is_service: bool,
     /// The resource type, which names the `Any`'s type URL (a byte, not a string per resource).
     pub kind: TypeKind,
-    /// The encoded message: the `Any`'s value, shared (not copied) by every send.
-    pub value: Bytes,
+}
+
+/// What the index looks a resource up by, besides its name (see [`Resource::with_links`]).
+#[derive(Debug, Default)]
+pub struct Links {
+    /// `network/ip` keys, for on-demand lookups (not sent: ztunnel ignores them; see
+    /// `push::response`).
+    pub aliases: Vec<Name>,
+    /// For a workload: the service keys (`ns/hostname`) in its services map.
+    pub services: Vec<Name>,
+    /// For a workload: the node it runs on.
+    pub node: Option<Name>,
+    /// Lookup keys of the waypoint this workload or service uses: `ns/hostname` or
+    /// `network/ip` (see [`Snapshot::lookup_addresses`]).
+    pub waypoints: Vec<Name>,
 }
 
 impl Resource {
     /// Encodes `message` as an `Any` of `kind`'s type URL and versions it by content.
-    pub fn encode<M: Message>(
-        kind: TypeKind,
-        name: impl Into<Name>,
-        aliases: Vec<Name>,
-        is_service: bool,
-        services: Vec<Name>,
-        message: &M,
-    ) -> Self {
-        let value = Bytes::from(message.encode_to_vec());
+    pub fn encode<M: Message>(kind: TypeKind, name: impl Into<Name>, message: &M) -> Self {
+        let value = message.encode_to_vec().into_boxed_slice();
         Resource {
             name: name.into(),
             version: Version::of(&value),
-            aliases: aliases.into_boxed_slice(),
-            is_service,
-            services: services.into_boxed_slice(),
-            node: None,
-            waypoints: Box::default(),
-            pod_uid: None,
-            kind,
             value,
+            links: Box::default(),
+            pod_uid: None,
+            aliases: 0,
+            services: 0,
+            has_node: false,
+            is_service: false,
+            kind,
         }
+    }
+
+    /// This resource with the index's lookup keys.
+    pub fn with_links(mut self, links: Links) -> Self {
+        let Links {
+            aliases,
+            services,
+            node,
+            waypoints,
+        } = links;
+        self.aliases = u16::try_from(aliases.len()).expect("under 65536 addresses");
+        self.services = u16::try_from(services.len()).expect("under 65536 services");
+        self.has_node = node.is_some();
+        let mut all = aliases;
+        all.extend(services);
+        all.extend(node);
+        all.extend(waypoints);
+        self.links = all.into_boxed_slice();
+        self
+    }
+
+    /// This resource marked as holding a Service.
+    pub fn service(mut self) -> Self {
+        self.is_service = true;
+        self
+    }
+
+    /// `network/ip` aliases, for on-demand lookups (shared with the snapshot's alias keys).
+    pub fn aliases(&self) -> &[Name] {
+        &self.links[..usize::from(self.aliases)]
+    }
+
+    /// For a workload: the service keys (`ns/hostname`) in its services map (shared with the
+    /// snapshot's `members` keys once stored).
+    pub fn services(&self) -> &[Name] {
+        let from = usize::from(self.aliases);
+        &self.links[from..from + usize::from(self.services)]
+    }
+
+    /// For a workload: the node it runs on (shared with the `by_node` key once stored).
+    pub fn node(&self) -> Option<&Name> {
+        let at = usize::from(self.aliases) + usize::from(self.services);
+        self.has_node.then(|| &self.links[at])
+    }
+
+    /// Lookup keys of the waypoint this workload or service uses.
+    pub fn waypoints(&self) -> &[Name] {
+        let from =
+            usize::from(self.aliases) + usize::from(self.services) + usize::from(self.has_node);
+        &self.links[from..]
+    }
+
+    /// Aliases, services and node, to be swapped for the index's shared copies.
+    pub(crate) fn shared_links_mut(&mut self) -> (&mut [Name], &mut [Name], Option<&mut Name>) {
+        let (aliases, rest) = self.links.split_at_mut(usize::from(self.aliases));
+        let (services, rest) = rest.split_at_mut(usize::from(self.services));
+        let node = if self.has_node {
+            rest.first_mut()
+        } else {
+            None
+        };
+        (aliases, services, node)
+    }
+
+    /// Takes the links (and so the shared strings) of `other`.
+    pub(crate) fn take_links_of(&mut self, other: &Resource) {
+        self.links = other.links.clone();
+        self.aliases = other.aliases;
+        self.services = other.services;
+        self.has_node = other.has_node;
     }
 
     /// The `Any`'s type URL.
@@ -122,11 +198,11 @@ impl Resource {
         self.kind.type_url()
     }
 
-    /// The payload as sent.
+    /// The payload as sent (a copy; the push path writes from [`Resource::value`]).
     pub fn any(&self) -> Any {
         Any {
             type_url: self.type_url().to_string(),
-            value: self.value.clone(),
+            value: Bytes::copy_from_slice(&self.value),
         }
     }
 }
@@ -331,11 +407,11 @@ impl Snapshot {
                 continue;
             };
             names.insert(uid.to_string());
-            waypoints.extend(workload.waypoints.iter().cloned());
-            for service in &workload.services {
+            waypoints.extend(workload.waypoints().iter().cloned());
+            for service in workload.services() {
                 if let Some(resource) = self.addresses.get(service) {
                     names.insert(service.to_string());
-                    waypoints.extend(resource.waypoints.iter().cloned());
+                    waypoints.extend(resource.waypoints().iter().cloned());
                 }
             }
         }
@@ -380,5 +456,45 @@ impl Snapshot {
             Some(service) => self.lookup_addresses(service),
             None => Vec::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn links_come_back_as_given_and_the_resource_stays_small() {
+        let message = Any {
+            type_url: "t".into(),
+            value: Bytes::from_static(b"v"),
+        };
+        let resource = Resource::encode(TypeKind::Address, "uid", &message).with_links(Links {
+            aliases: vec!["/10.0.0.1".into(), "/fd00::1".into()],
+            services: vec!["ns/a.ns.svc".into()],
+            node: Some("node-1".into()),
+            waypoints: vec!["ns/wp.ns.svc".into()],
+        });
+        assert_eq!(
+            resource.aliases(),
+            [Name::from("/10.0.0.1"), "/fd00::1".into()]
+        );
+        assert_eq!(resource.services(), [Name::from("ns/a.ns.svc")]);
+        assert_eq!(resource.node().map(|n| &**n), Some("node-1"));
+        assert_eq!(resource.waypoints(), [Name::from("ns/wp.ns.svc")]);
+        assert_eq!(resource.version, Version::of(&message.encode_to_vec()));
+
+        let bare = Resource::encode(TypeKind::Address, "svc", &message)
+            .with_links(Links {
+                waypoints: vec!["/10.0.0.9".into()],
+                ..Links::default()
+            })
+            .service();
+        assert!(bare.is_service && bare.aliases().is_empty() && bare.services().is_empty());
+        assert_eq!(bare.node(), None);
+        assert_eq!(bare.waypoints(), [Name::from("/10.0.0.9")]);
+
+        // One per workload: its size is part of the memory per pod (issue 7, T2).
+        assert!(std::mem::size_of::<Resource>() <= 80);
     }
 }

@@ -128,14 +128,13 @@ mod tests {
             type_url: String::new(),
             value: vec![7u8; payload].into(),
         };
-        Arc::new(Resource::encode(
-            crate::discovery::names::TypeKind::Address,
-            name,
-            vec![format!("/10.0.0.{payload}").into()],
-            false,
-            Vec::new(),
-            &message,
-        ))
+        Arc::new(
+            Resource::encode(crate::discovery::names::TypeKind::Address, name, &message)
+                .with_links(crate::discovery::snapshot::Links {
+                    aliases: vec![format!("/10.0.0.{payload}").into()],
+                    ..Default::default()
+                }),
+        )
     }
 
     /// What prost encodes for the same response (without the fields ambientd leaves out).
@@ -207,7 +206,7 @@ mod tests {
                 assert_eq!(d.name.as_str(), &*r.name);
                 assert!(r.version.is(&d.version), "{}", d.version);
                 assert!(d.aliases.is_empty());
-                assert_eq!(d.resource.as_ref().unwrap().value, r.value);
+                assert_eq!(d.resource.as_ref().unwrap().value[..], r.value[..]);
             }
         }
     }

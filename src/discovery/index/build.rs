@@ -2,7 +2,7 @@
 
 use crate::discovery::index::{Index, Target};
 use crate::discovery::names::{TypeKind, ip_from_bytes, network_address_key, service_key};
-use crate::discovery::snapshot::{Name, Resource};
+use crate::discovery::snapshot::{Links, Name, Resource};
 use crate::discovery::status::{self, DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::store::Key;
 use crate::discovery::{endpoint_slice, entry, policies, service, service_entry, workload};
@@ -193,14 +193,7 @@ pub(super) struct Built {
 
 fn authorization_resource(a: Authorization) -> Resource {
     let name = format!("{}/{}", a.namespace, a.name);
-    Resource::encode(
-        TypeKind::Authorization,
-        name,
-        Vec::new(),
-        false,
-        Vec::new(),
-        &a,
-    )
+    Resource::encode(TypeKind::Authorization, name, &a)
 }
 
 fn workload_resource(w: wl::Workload) -> Resource {
@@ -212,15 +205,16 @@ fn workload_resource(w: wl::Workload) -> Resource {
     let message = Address {
         r#type: Some(address::Type::Workload(w)),
     };
-    let mut resource =
-        Resource::encode(TypeKind::Address, name, aliases, false, services, &message);
-    resource.node = node;
-    resource.waypoints = waypoints;
-    resource
+    Resource::encode(TypeKind::Address, name, &message).with_links(Links {
+        aliases,
+        services,
+        node,
+        waypoints,
+    })
 }
 
 /// The lookup key of a waypoint address: `ns/hostname`, or `network/ip`.
-fn waypoint_key(waypoint: Option<&wl::GatewayAddress>) -> Option<Box<str>> {
+fn waypoint_key(waypoint: Option<&wl::GatewayAddress>) -> Option<Name> {
     use wl::gateway_address::Destination;
     match waypoint?.destination.as_ref()? {
         Destination::Hostname(h) => Some(service_key(&h.namespace, &h.hostname).into()),
@@ -248,10 +242,13 @@ fn service_resource(s: wl::Service) -> Resource {
     let message = Address {
         r#type: Some(address::Type::Service(s)),
     };
-    let mut resource =
-        Resource::encode(TypeKind::Address, name, aliases, true, Vec::new(), &message);
-    resource.waypoints = waypoints;
-    resource
+    Resource::encode(TypeKind::Address, name, &message)
+        .with_links(Links {
+            aliases,
+            waypoints,
+            ..Links::default()
+        })
+        .service()
 }
 
 /// `network/ip` for each raw address.

@@ -447,16 +447,14 @@ impl Index {
             {
                 // The indexes keep the old resource's shared strings.
                 new.name = key.clone();
-                new.aliases = old.aliases.clone();
-                new.services = old.services.clone();
-                new.node = old.node.clone();
+                new.take_links_of(old);
                 self.addresses.insert(key.clone(), Arc::new(new));
             }
             return;
         }
         if let Some((key, old)) = &old {
             self.service_count -= usize::from(old.is_service);
-            for alias in &old.aliases {
+            for alias in old.aliases() {
                 if let Some(names) = self.aliases.get(alias) {
                     match names_without(names, key) {
                         Some(names) => self.aliases.insert(alias.clone(), names),
@@ -464,10 +462,10 @@ impl Index {
                     };
                 }
             }
-            for svc in &old.services {
+            for svc in old.services() {
                 remove_from(&mut self.members, svc, key);
             }
-            if let Some(node) = &old.node {
+            if let Some(node) = old.node() {
                 remove_from(&mut self.by_node, node, key);
             }
         }
@@ -476,14 +474,15 @@ impl Index {
             (Some(mut new), _) => {
                 let key = new.name.clone();
                 self.service_count += usize::from(new.is_service);
-                for alias in new.aliases.iter_mut() {
+                let (aliases, services, node) = new.shared_links_mut();
+                for alias in aliases {
                     let names = names_with(self.aliases.get(&**alias), &key);
                     *alias = insert_shared(&mut self.aliases, alias, names);
                 }
-                for svc in new.services.iter_mut() {
+                for svc in services {
                     *svc = add_to(&mut self.members, svc, &key);
                 }
-                if let Some(node) = &mut new.node {
+                if let Some(node) = node {
                     *node = add_to(&mut self.by_node, node, &key);
                 }
                 self.addresses.insert(key.clone(), Arc::new(new));
