@@ -4,8 +4,10 @@
 //! Every reduced object holds a few of these, and 100k pods hold 100k of them, so their size
 //! matters more than their speed of mutation. A `BTreeMap<String, String>` allocates a node of
 //! eleven slots (about 540 bytes) even for one entry, plus two strings per entry. `Labels`
-//! packs all keys and values into one string, with one array of end offsets: two allocations
-//! for any number of entries, none when empty. Entries are sorted by key with unique keys, so
+//! packs all keys and values into one string, after a table of their end offsets: one
+//! allocation for any number of entries, none when empty. The offsets are written as ASCII
+//! (four bytes of seven bits each), so the whole buffer is a `str` and no unsafe code is needed
+//! to read it. Entries are sorted by key with unique keys, so
 //! equality is that of the bytes and lookups are a binary search. Building one sorts the entries
 //! (the last value of a repeated key wins, as `BTreeMap::from_iter`); `insert` rebuilds, and is
 //! meant for tests and merges, not hot paths.
@@ -13,13 +15,24 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-/// A sorted map of label keys to values, packed into two allocations.
+/// A sorted map of label keys to values, packed into one allocation.
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
 pub struct Labels {
-    /// Every key and value, in order: `k0 v0 k1 v1 ...`.
+    /// The entry count, then the end offset of each key and value (`2 * len` of them, counted
+    /// from the start of the buffer), each as one [`WORD`]; then every key and value, in order:
+    /// `k0 v0 k1 v1 ...`. Empty when there are no entries.
     text: Box<str>,
-    /// The end offset in `text` of each key and value (`2 * len` entries).
-    ends: Box<[u32]>,
+}
+
+/// Bytes per number in the head of a [`Labels`] buffer: seven bits each, so 256 MiB at most.
+const WORD: usize = 4;
+const WORD_MAX: usize = (1 << (7 * WORD)) - 1;
+
+fn put_word(out: &mut String, n: usize) {
+    assert!(n <= WORD_MAX, "labels over 256 MiB");
+    for i in 0..WORD {
+        out.push(char::from(((n >> (7 * i)) & 0x7f) as u8));
+    }
 }
 
 impl Labels {
@@ -27,29 +40,50 @@ impl Labels {
         Labels::default()
     }
 
+    fn word(&self, i: usize) -> usize {
+        let b = &self.text.as_bytes()[i * WORD..(i + 1) * WORD];
+        b.iter()
+            .enumerate()
+            .fold(0, |n, (j, byte)| n | (usize::from(*byte) << (7 * j)))
+    }
+
     /// Number of entries.
     pub fn len(&self) -> usize {
-        self.ends.len() / 2
+        if self.text.is_empty() {
+            0
+        } else {
+            self.word(0)
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.ends.is_empty()
+        self.text.is_empty()
+    }
+
+    /// The end of key (even `i`) or value (odd `i`) number `i / 2`.
+    fn end(&self, i: usize) -> usize {
+        self.word(1 + i)
+    }
+
+    /// Where the first key starts.
+    fn start(&self) -> usize {
+        (1 + 2 * self.len()) * WORD
     }
 
     fn bound(&self, i: usize) -> usize {
-        if i == 0 { 0 } else { self.ends[i - 1] as usize }
+        if i == 0 {
+            self.start()
+        } else {
+            self.end(i - 1)
+        }
     }
 
     fn key_at(&self, i: usize) -> &str {
-        &self.text[self.bound(2 * i)..self.ends[2 * i] as usize]
+        &self.text[self.bound(2 * i)..self.end(2 * i)]
     }
 
     fn entry(&self, i: usize) -> (&str, &str) {
-        let (start, mid, end) = (
-            self.bound(2 * i),
-            self.ends[2 * i] as usize,
-            self.ends[2 * i + 1] as usize,
-        );
+        let (start, mid, end) = (self.bound(2 * i), self.end(2 * i), self.end(2 * i + 1));
         (&self.text[start..mid], &self.text[mid..end])
     }
 
@@ -120,19 +154,28 @@ impl Labels {
         if entries.is_empty() {
             return Labels::default();
         }
-        let size: usize = entries.iter().map(|(k, v)| k.len() + v.len()).sum();
-        assert!(u32::try_from(size).is_ok(), "labels over 4 GiB");
+        let head = (1 + 2 * entries.len()) * WORD;
+        let size: usize = head
+            + entries
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>();
         let mut text = String::with_capacity(size);
-        let mut ends = Vec::with_capacity(entries.len() * 2);
+        put_word(&mut text, entries.len());
+        let mut end = head;
+        for (k, v) in entries {
+            end += k.len();
+            put_word(&mut text, end);
+            end += v.len();
+            put_word(&mut text, end);
+        }
         for (k, v) in entries {
             text.push_str(k);
-            ends.push(text.len() as u32);
             text.push_str(v);
-            ends.push(text.len() as u32);
         }
+        debug_assert_eq!(text.len(), size);
         Labels {
             text: text.into_boxed_str(),
-            ends: ends.into_boxed_slice(),
         }
     }
 
@@ -267,6 +310,35 @@ mod tests {
         let mut merged = one.clone();
         merged.extend_from(&Labels::from([("x", "9"), ("z", "0")]));
         assert_eq!(merged, Labels::from([("x", "9"), ("y", "2"), ("z", "0")]));
+    }
+
+    #[test]
+    fn keys_and_values_may_hold_any_text_and_long_maps_work() {
+        let long = "x".repeat(300);
+        let entries: Vec<(String, String)> = (0..200)
+            .map(|i| {
+                (
+                    format!("k{i:03}/é"),
+                    if i % 2 == 0 {
+                        long.clone()
+                    } else {
+                        String::new()
+                    },
+                )
+            })
+            .collect();
+        let labels: Labels = entries.iter().cloned().collect();
+        assert_eq!(labels.len(), 200);
+        for (k, v) in &entries {
+            assert_eq!(labels.get(k), Some(v.as_str()), "{k}");
+        }
+        let back: Vec<(String, String)> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(back, entries);
+        // The head's numbers are ASCII, so they can never be mistaken for the text's bytes.
+        assert_eq!(std::mem::size_of::<Labels>(), 16);
     }
 
     #[test]

@@ -92,7 +92,7 @@ const OWNER_NAME: usize = 7;
 const FIXED: usize = 8;
 
 // The words at the head of `table` (a flag word here, not a byte in the `Pod`, keeps the `Pod`
-// at 80 B, a size class of its own, instead of 81 rounded up to 96).
+// at 64 B, a size class of its own, instead of 65 rounded up to 80).
 const FLAGS: usize = 0;
 const ANNOTATIONS: usize = 1;
 const PORTS: usize = 2;
@@ -542,8 +542,8 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_is_80_bytes_and_two_blocks_besides_its_labels_and_uid() {
-        assert_eq!(std::mem::size_of::<Pod>(), 80);
+    fn a_pod_is_64_bytes_and_two_blocks_besides_its_labels_and_uid() {
+        assert_eq!(std::mem::size_of::<Pod>(), 64);
         let pod = Pod::from(full());
         // The generate name and the owner's name are the name's prefixes: not in the text.
         assert_eq!(
