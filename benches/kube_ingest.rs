@@ -17,9 +17,15 @@
 #[path = "../tests/kube_support/mod.rs"]
 mod kube_support;
 
-/// The allocator the `ambientd` binary uses, so the figures are the binary's.
+/// The allocator the `ambientd` binary uses, so the figures are the binary's; with
+/// `--features dhat-heap`, dhat's, to count the heap the watch path leaves live per pod (by
+/// allocation site in `dhat-heap.json`).
+#[cfg(not(feature = "dhat-heap"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+#[cfg(feature = "dhat-heap")]
+#[global_allocator]
+static GLOBAL: dhat::Alloc = dhat::Alloc;
 
 use std::time::{Duration, Instant};
 
@@ -288,6 +294,11 @@ async fn run(mode: &str, pods: usize, debounce: Duration) -> Figures {
         },
         ..Config::cluster(cluster)
     };
+    // With `--features dhat-heap`: the heap each path leaves live (the app's start included).
+    #[cfg(feature = "dhat-heap")]
+    let profiler = dhat::Profiler::builder().trim_backtraces(None).build();
+    #[cfg(feature = "dhat-heap")]
+    let heap_before = dhat::HeapStats::get();
     let (before, started, running) = match mode {
         "list" => {
             let before = (rss(), cpu_time());
@@ -307,6 +318,16 @@ async fn run(mode: &str, pods: usize, debounce: Duration) -> Figures {
         other => panic!("unknown mode {other:?} (list, watch, decode)"),
     };
     wait_for_workloads(&running, pods).await;
+    #[cfg(feature = "dhat-heap")]
+    {
+        let heap = dhat::HeapStats::get();
+        println!(
+            "{mode:>5}: heap (dhat) {:.0} B in {:.1} blocks live per pod",
+            (heap.curr_bytes - heap_before.curr_bytes) as f64 / pods as f64,
+            (heap.curr_blocks - heap_before.curr_blocks) as f64 / pods as f64,
+        );
+        drop(profiler);
+    }
     let seconds = started.elapsed().as_secs_f64();
     let cpu = cpu_time().saturating_sub(before.1);
     let grown = rss().saturating_sub(before.0);
