@@ -6,8 +6,8 @@
 //! eleven slots (about 540 bytes) even for one entry, plus two strings per entry. `Labels`
 //! packs all keys and values into one string, after a table of their end offsets: one
 //! allocation for any number of entries, none when empty. The offsets are written as ASCII
-//! (four bytes of seven bits each), so the whole buffer is a `str` and no unsafe code is needed
-//! to read it. Entries are sorted by key with unique keys, so
+//! (seven bits a byte, one byte each for a map under 128 bytes, as most are), so the whole
+//! buffer is a `str` and no unsafe code is needed to read it. Entries are sorted by key with unique keys, so
 //! equality is that of the bytes and lookups are a binary search. Building one sorts the entries
 //! (the last value of a repeated key wins, as `BTreeMap::from_iter`); `insert` rebuilds, and is
 //! meant for tests and merges, not hot paths.
@@ -18,19 +18,18 @@ use std::fmt;
 /// A sorted map of label keys to values, packed into one allocation.
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
 pub struct Labels {
-    /// The entry count, then the end offset of each key and value (`2 * len` of them, counted
-    /// from the start of the buffer), each as one [`WORD`]; then every key and value, in order:
-    /// `k0 v0 k1 v1 ...`. Empty when there are no entries.
+    /// The width `w` of the head's numbers (one byte: 1 to 4); the entry count; the end offset
+    /// of each key and value (`2 * len` of them, counted from the start of the buffer); each
+    /// number as `w` bytes of seven bits. Then every key and value, in order: `k0 v0 k1 v1 ...`.
+    /// Empty when there are no entries.
     text: Box<str>,
 }
 
-/// Bytes per number in the head of a [`Labels`] buffer: seven bits each, so 256 MiB at most.
-const WORD: usize = 4;
-const WORD_MAX: usize = (1 << (7 * WORD)) - 1;
+/// The widest head number: four bytes of seven bits, so a map of 256 MiB at most.
+const MAX_WIDTH: usize = 4;
 
-fn put_word(out: &mut String, n: usize) {
-    assert!(n <= WORD_MAX, "labels over 256 MiB");
-    for i in 0..WORD {
+fn put_word(out: &mut String, n: usize, width: usize) {
+    for i in 0..width {
         out.push(char::from(((n >> (7 * i)) & 0x7f) as u8));
     }
 }
@@ -40,8 +39,13 @@ impl Labels {
         Labels::default()
     }
 
+    fn width(&self) -> usize {
+        usize::from(self.text.as_bytes()[0])
+    }
+
     fn word(&self, i: usize) -> usize {
-        let b = &self.text.as_bytes()[i * WORD..(i + 1) * WORD];
+        let width = self.width();
+        let b = &self.text.as_bytes()[1 + i * width..1 + (i + 1) * width];
         b.iter()
             .enumerate()
             .fold(0, |n, (j, byte)| n | (usize::from(*byte) << (7 * j)))
@@ -67,7 +71,7 @@ impl Labels {
 
     /// Where the first key starts.
     fn start(&self) -> usize {
-        (1 + 2 * self.len()) * WORD
+        1 + (1 + 2 * self.len()) * self.width()
     }
 
     fn bound(&self, i: usize) -> usize {
@@ -154,20 +158,21 @@ impl Labels {
         if entries.is_empty() {
             return Labels::default();
         }
-        let head = (1 + 2 * entries.len()) * WORD;
-        let size: usize = head
-            + entries
-                .iter()
-                .map(|(k, v)| k.len() + v.len())
-                .sum::<usize>();
+        let content: usize = entries.iter().map(|(k, v)| k.len() + v.len()).sum();
+        let head = |width: usize| 1 + (1 + 2 * entries.len()) * width;
+        let width = (1..=MAX_WIDTH)
+            .find(|&w| head(w) + content < 1 << (7 * w))
+            .expect("labels over 256 MiB");
+        let size = head(width) + content;
         let mut text = String::with_capacity(size);
-        put_word(&mut text, entries.len());
-        let mut end = head;
+        text.push(char::from(width as u8));
+        put_word(&mut text, entries.len(), width);
+        let mut end = head(width);
         for (k, v) in entries {
             end += k.len();
-            put_word(&mut text, end);
+            put_word(&mut text, end, width);
             end += v.len();
-            put_word(&mut text, end);
+            put_word(&mut text, end, width);
         }
         for (k, v) in entries {
             text.push_str(k);
@@ -337,7 +342,12 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         assert_eq!(back, entries);
-        // The head's numbers are ASCII, so they can never be mistaken for the text's bytes.
+        assert_eq!(labels.width(), 3);
+        // A small map spends one byte per number.
+        let small = Labels::from([("app", "web"), ("version", "v1")]);
+        assert_eq!(small.width(), 1);
+        assert_eq!(small.text.len(), 1 + 5 + "appwebversionv1".len());
+        assert_eq!(small.get("version"), Some("v1"));
         assert_eq!(std::mem::size_of::<Labels>(), 16);
     }
 
