@@ -44,7 +44,7 @@ fn pod(i: usize, ready: bool) -> Pod {
     let hash = format!("{:010x}", i / PODS_PER_SERVICE);
     PodFields {
         name: format!("{app}-{hash}-{i:05}"),
-        uid: format!("00000000-0000-0000-0000-{i:012}").into(),
+        uid: format!("00000000-0000-0000-0000-{i:012}"),
         namespace: namespace(i / PODS_PER_SERVICE),
         generate_name: format!("{app}-{hash}-"),
         labels: labels(&[

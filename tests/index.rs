@@ -500,11 +500,25 @@ fn pod_uid_follows_a_recreated_pod_without_a_change() {
     p.uid = "uid-a".into();
     let mut index = index_of([Object::Pod(p.clone().into())]);
     let name = uid(NS, "p");
-    assert_eq!(index.snapshot().pod_uid(&name), Some("uid-a"));
+    assert_eq!(index.snapshot().pod_uid(&name).as_deref(), Some("uid-a"));
     // Re-created under the same name: the same bytes (nothing to push), a new uid.
     p.uid = "uid-b".into();
     assert!(index.apply(Object::Pod(p.clone().into())).is_empty());
-    assert_eq!(index.snapshot().pod_uid(&name), Some("uid-b"));
+    assert_eq!(index.snapshot().pod_uid(&name).as_deref(), Some("uid-b"));
+    // API-server uids (UUIDs, kept as 16 bytes) read back as written, and from text and back.
+    for next in [
+        "6f1c1d8e-0000-4000-8000-0000000004d2",
+        "6f1c1d8e-0000-4000-8000-0000000004d3",
+        "uid-c",
+        "6F1C1D8E-0000-4000-8000-0000000004D2",
+    ] {
+        p.uid = next.into();
+        assert!(index.apply(Object::Pod(p.clone().into())).is_empty());
+        let snapshot = index.snapshot();
+        assert_eq!(snapshot.pod_uid(&name).as_deref(), Some(next));
+        // The index's lookups are untouched by the uid.
+        assert_eq!(snapshot.lookup_addresses("/10.0.0.1"), vec![name.clone()]);
+    }
     p.uid = "".into();
     assert!(index.apply(Object::Pod(p.into())).is_empty());
     assert_eq!(index.snapshot().pod_uid(&name), None);

@@ -91,9 +91,7 @@ impl PodIndex for SnapshotPods {
         self.with_table(|t, snapshot| {
             let (resource, info) = t.by_name.get(&(namespace.to_string(), name.to_string()))?;
             // The uid is read live: a pod recreated under the same name changes only its uid.
-            let uid = snapshot
-                .and_then(|s| s.pod_uid(resource))
-                .map(str::to_string);
+            let uid = snapshot.and_then(|s| s.pod_uid(resource));
             Some(PodInfo {
                 uid,
                 ..info.clone()

@@ -199,7 +199,7 @@ fn slice_services<'a>(store: &'a Store, pod: &Pod) -> Vec<&'a Service> {
                 t.kind == "Pod"
                     && t.namespace == pod.namespace()
                     && t.name == pod.name()
-                    && t.uid == **pod.uid()
+                    && pod.uid().is(&t.uid)
             })
         });
         let Some(service_name) = slice.service_name.as_deref() else {

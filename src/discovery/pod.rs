@@ -9,10 +9,73 @@
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::sync::Arc;
 
 use crate::discovery::labels::Labels;
 use crate::discovery::model::Protocol;
+
+/// A Kubernetes `metadata.uid`, borrowed from a [`Pod`] or a resource: the 16 bytes of a UUID
+/// written as the API server writes them (lowercase, `8-4-4-4-12`), or any other text as is.
+/// Stored as bytes, a uid takes 16 B in the pod's table instead of a 56-byte `Arc<str>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Uid<'a> {
+    Uuid([u8; 16]),
+    Text(&'a str),
+}
+
+impl<'a> Uid<'a> {
+    /// Reads `text` as a canonical UUID when it is one (so it formats back to the same text).
+    pub fn parse(text: &'a str) -> Self {
+        let b = text.as_bytes();
+        let dashes = [8, 13, 18, 23];
+        if b.len() != 36 || dashes.iter().any(|&i| b[i] != b'-') {
+            return Uid::Text(text);
+        }
+        let digit = |c: u8| match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        };
+        let mut nibbles = b
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !dashes.contains(i))
+            .map(|(_, c)| digit(*c));
+        let mut bytes = [0u8; 16];
+        for byte in &mut bytes {
+            match (nibbles.next().flatten(), nibbles.next().flatten()) {
+                (Some(high), Some(low)) => *byte = high << 4 | low,
+                _ => return Uid::Text(text),
+            }
+        }
+        Uid::Uuid(bytes)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == Uid::Text("")
+    }
+
+    /// Whether this is the uid written `text`.
+    pub fn is(&self, text: &str) -> bool {
+        *self == Uid::parse(text)
+    }
+}
+
+impl fmt::Display for Uid<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Uid::Text(text) => f.write_str(text),
+            Uid::Uuid(b) => {
+                for (i, byte) in b.iter().enumerate() {
+                    if matches!(i, 4 | 6 | 8 | 10) {
+                        f.write_str("-")?;
+                    }
+                    write!(f, "{byte:02x}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
 
 /// The controller owner of a pod (`ownerReferences[controller=true]`): owned in
 /// [`PodFields`], borrowed (`Owner<&str>`) from a [`Pod`].
@@ -36,9 +99,9 @@ pub struct ContainerPort<S = String> {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PodFields {
     pub name: String,
-    /// `metadata.uid`, compared with EndpointSlice `targetRef.uid`; shared with its workload
+    /// `metadata.uid`, compared with EndpointSlice `targetRef.uid`; copied to its workload
     /// resource ([`crate::discovery::Resource::pod_uid`]).
-    pub uid: Arc<str>,
+    pub uid: String,
     pub namespace: String,
     pub generate_name: String,
     pub labels: Labels,
@@ -65,16 +128,17 @@ pub struct PodFields {
 ///
 /// `text` holds the strings in this order: the fixed ones (name, namespace, generate name,
 /// phase, service account, node name, owner kind and name), each annotation's key and value,
-/// each port's name. The generate name and the owner's name are nearly always prefixes of the
+/// each port's name, and the uid if it is not a UUID. The generate name and the owner's name
+/// are nearly always prefixes of the
 /// name (`web-7d4b9-` and `web-7d4b9` of `web-7d4b9-x2x`); such a one is empty in `text` and
 /// read as the name's first bytes, its length in the prefixes word. `table` holds, in order:
 /// the head words (flags, the annotation, port and IP counts, the prefixes); the end offset in
 /// `text` of each string; one word per port (number, and protocol above bit 16); and per IP a
-/// family word (4 or 6) followed by its 1 or 4 address words. The encoding is canonical, so
+/// family word (4 or 6) followed by its 1 or 4 address words; then a UUID uid's four words.
+/// The encoding is canonical, so
 /// two pods are equal exactly when their fields are.
 #[derive(Clone, PartialEq)]
 pub struct Pod {
-    uid: Arc<str>,
     labels: Labels,
     text: Box<str>,
     table: Box<[u32]>,
@@ -108,6 +172,10 @@ const HOST_NETWORK: u32 = 4;
 const HAS_OWNER: u32 = 8;
 const GENERATE_NAME_IS_PREFIX: u32 = 16;
 const OWNER_NAME_IS_PREFIX: u32 = 32;
+/// The uid is a UUID, in the table's last four words.
+const UID_UUID: u32 = 64;
+/// The uid is text, the string after the port names.
+const UID_TEXT: u32 = 128;
 /// Bits 8 to 31 of `table[FLAGS]`: string `i` (for `i` under [`CODED_SLOTS`]) is one byte of
 /// `text`, the index of a [`WELL_KNOWN`] string.
 const CODED_SHIFT: u32 = 8;
@@ -140,9 +208,20 @@ impl Pod {
         self.string(NAME)
     }
 
-    /// `metadata.uid`, shared with its workload resource.
-    pub fn uid(&self) -> &Arc<str> {
-        &self.uid
+    /// `metadata.uid`.
+    pub fn uid(&self) -> Uid<'_> {
+        if self.flag(UID_UUID) {
+            let words = &self.table[self.table.len() - 4..];
+            let mut bytes = [0u8; 16];
+            for (chunk, word) in bytes.chunks_exact_mut(4).zip(words) {
+                chunk.copy_from_slice(&word.to_be_bytes());
+            }
+            Uid::Uuid(bytes)
+        } else if self.flag(UID_TEXT) {
+            Uid::Text(self.string(FIXED + 2 * self.count(ANNOTATIONS) + self.count(PORTS)))
+        } else {
+            Uid::Text("")
+        }
     }
 
     pub fn namespace(&self) -> &str {
@@ -236,7 +315,7 @@ impl Pod {
     pub fn to_fields(&self) -> PodFields {
         PodFields {
             name: self.name().to_string(),
-            uid: self.uid.clone(),
+            uid: self.uid().to_string(),
             namespace: self.namespace().to_string(),
             generate_name: self.generate_name().to_string(),
             labels: self.labels.clone(),
@@ -274,7 +353,10 @@ impl Pod {
 
     /// The index in `table` just past the string ends.
     fn strings_end(&self) -> usize {
-        HEAD + FIXED + 2 * self.count(ANNOTATIONS) + self.count(PORTS)
+        HEAD + FIXED
+            + 2 * self.count(ANNOTATIONS)
+            + self.count(PORTS)
+            + usize::from(self.flag(UID_TEXT))
     }
 
     /// The index in `table` just past the port words.
@@ -342,18 +424,32 @@ impl From<PodFields> for Pod {
                 &owner.name
             },
         ];
+        let uid = Uid::parse(&pod.uid);
+        let uid_text = match uid {
+            Uid::Text(text) if !text.is_empty() => Some(text),
+            _ => None,
+        };
         let strings = || {
             fixed
                 .into_iter()
                 .chain(pod.annotations.iter().flat_map(|(k, v)| [k, v]))
                 .chain(pod.ports.iter().map(|p| p.name.as_str()))
+                .chain(uid_text)
         };
         let size: usize = strings().map(str::len).sum();
         assert!(u32::try_from(size).is_ok(), "pod strings over 4 GiB");
         let (annotations, ports) = (pod.annotations.len(), pod.ports.len());
         let ip_words: usize = pod.ips.iter().map(|ip| 1 + ip_len(ip)).sum();
         let mut text = String::with_capacity(size);
-        let mut table = Vec::with_capacity(HEAD + FIXED + 2 * annotations + 2 * ports + ip_words);
+        let uid_words = if matches!(uid, Uid::Uuid(_)) { 4 } else { 0 };
+        let mut table = Vec::with_capacity(
+            HEAD + FIXED
+                + 2 * annotations
+                + 2 * ports
+                + usize::from(uid_text.is_some())
+                + ip_words
+                + uid_words,
+        );
         let flags = [
             (pod.terminating, TERMINATING),
             (pod.ready, READY),
@@ -361,6 +457,8 @@ impl From<PodFields> for Pod {
             (pod.owner.is_some(), HAS_OWNER),
             (generate_prefix.is_some(), GENERATE_NAME_IS_PREFIX),
             (owner_prefix.is_some(), OWNER_NAME_IS_PREFIX),
+            (uid_words > 0, UID_UUID),
+            (uid_text.is_some(), UID_TEXT),
         ]
         .into_iter()
         .filter(|(set, _)| *set)
@@ -396,8 +494,14 @@ impl From<PodFields> for Pod {
                 }
             }
         }
+        if let Uid::Uuid(bytes) = uid {
+            table.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]])),
+            );
+        }
         Pod {
-            uid: pod.uid,
             labels: pod.labels,
             text: text.into_boxed_str(),
             table: table.into_boxed_slice(),
@@ -449,7 +553,7 @@ impl fmt::Debug for Pod {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Pod")
             .field("name", &self.name())
-            .field("uid", &self.uid)
+            .field("uid", &self.uid().to_string())
             .field("namespace", &self.namespace())
             .field("generate_name", &self.generate_name())
             .field("labels", &self.labels)
@@ -515,7 +619,7 @@ mod tests {
         let fields = full();
         let pod = Pod::from(fields.clone());
         assert_eq!(pod.name(), "web-7d4b9-x2x");
-        assert_eq!(&**pod.uid(), "0000-1111");
+        assert_eq!(pod.uid(), Uid::Text("0000-1111"));
         assert_eq!(pod.namespace(), "demo");
         assert_eq!(pod.generate_name(), "web-7d4b9-");
         assert_eq!(pod.labels().get("app"), Some("web"));
@@ -579,12 +683,13 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_is_64_bytes_and_two_blocks_besides_its_labels_and_uid() {
-        assert_eq!(std::mem::size_of::<Pod>(), 64);
+    fn a_pod_is_48_bytes_and_two_blocks_besides_its_labels() {
+        assert_eq!(std::mem::size_of::<Pod>(), 48);
         let pod = Pod::from(full());
-        // The generate name and the owner's name are the name's prefixes: not in the text.
+        // The generate name and the owner's name are the name's prefixes: not in the text; a
+        // uid that is not a UUID is the last string.
         assert_eq!(
-            &*pod.text, "web-7d4b9-x2xdemo\u{1}webnode-a\u{6}a/bonchttpdnss",
+            &*pod.text, "web-7d4b9-x2xdemo\u{1}webnode-a\u{6}a/bonchttpdnss0000-1111",
             "Running and ReplicaSet are well known: one byte each"
         );
         assert_eq!(
@@ -601,8 +706,39 @@ mod tests {
         assert_eq!(packed.to_fields(), odd);
         assert_eq!(
             pod.table.len(),
-            HEAD + FIXED + 4 + 2 * 3 + (1 + 4) + (1 + 1)
+            HEAD + FIXED + 4 + 2 * 3 + 1 + (1 + 4) + (1 + 1)
         );
+    }
+
+    #[test]
+    fn uuids_are_sixteen_bytes_that_format_back_to_their_text() {
+        let text = "6f1c1d8e-0a1b-4c2d-8e3f-00000000abcd";
+        let uid = Uid::parse(text);
+        assert!(matches!(uid, Uid::Uuid(_)));
+        assert_eq!(uid.to_string(), text);
+        assert!(uid.is(text) && !uid.is("6f1c1d8e-0a1b-4c2d-8e3f-00000000abce"));
+        // Anything else stays text, so it too reads back exactly.
+        for other in [
+            "",
+            "uid-1",
+            "6F1C1D8E-0A1B-4C2D-8E3F-00000000ABCD",
+            "6f1c1d8e-0a1b-4c2d-8e3f-00000000abc",
+            "6f1c1d8e+0a1b-4c2d-8e3f-00000000abcd",
+            "6f1c1d8e-0a1b-4c2d-8e3f-00000000abcg",
+        ] {
+            assert_eq!(Uid::parse(other), Uid::Text(other));
+        }
+        let mut fields = full();
+        fields.uid = text.into();
+        let pod = Pod::from(fields.clone());
+        assert_eq!(pod.uid(), uid);
+        assert!(!pod.text.contains("abcd"), "a UUID is kept in the table");
+        assert_eq!(
+            pod.ips().collect::<Vec<_>>(),
+            fields.ips,
+            "the uid's words follow the IPs'"
+        );
+        assert_eq!(pod.to_fields(), fields);
     }
 
     #[test]

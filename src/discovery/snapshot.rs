@@ -12,6 +12,7 @@ use prost::Message;
 
 use crate::discovery::authorization::PolicyStatus;
 use crate::discovery::names::TypeKind;
+use crate::discovery::pod::Uid;
 use crate::discovery::status::{DesiredStatus, StatusTarget};
 use crate::pb::google::protobuf::Any;
 
@@ -75,12 +76,13 @@ pub struct Resource {
     /// The encoded message: the `Any`'s value, shared (not copied) by every send.
     pub value: Box<[u8]>,
     /// [`Resource::aliases`], then [`Resource::services`], then [`Resource::node`], then
-    /// [`Resource::waypoints`]: one allocation for what the index's lookups need.
+    /// [`Resource::waypoints`], then a pod uid that is not a UUID: one allocation for what the
+    /// index's lookups need.
     links: Box<[Name]>,
-    /// For a pod's workload: the pod's Kubernetes `metadata.uid` (the CA checks a token's pod
-    /// binding against it). Not sent; a pod re-created under its name changes only this.
-    /// Shared with the stored pod.
-    pub pod_uid: Option<Arc<str>>,
+    /// For a pod's workload, its uid's bytes when it is a UUID ([`Resource::pod_uid`]).
+    uuid: [u8; 16],
+    /// [`NO_UID`], [`UUID`] or [`TEXT_UID`] (the last link).
+    uid: u8,
     aliases: u16,
     services: u16,
     has_node: bool,
@@ -89,6 +91,10 @@ pub struct Resource {
     /// The resource type, which names the `Any`'s type URL (a byte, not a string per resource).
     pub kind: TypeKind,
 }
+
+const NO_UID: u8 = 0;
+const UUID: u8 = 1;
+const TEXT_UID: u8 = 2;
 
 /// What the index looks a resource up by, besides its name (see [`Resource::with_links`]).
 #[derive(Debug, Default)]
@@ -114,7 +120,8 @@ impl Resource {
             version: Version::of(&value),
             value,
             links: Box::default(),
-            pod_uid: None,
+            uuid: [0; 16],
+            uid: NO_UID,
             aliases: 0,
             services: 0,
             has_node: false,
@@ -123,7 +130,7 @@ impl Resource {
         }
     }
 
-    /// This resource with the index's lookup keys.
+    /// This resource with the index's lookup keys (and no pod uid: set that after).
     pub fn with_links(mut self, links: Links) -> Self {
         let Links {
             aliases,
@@ -139,7 +146,38 @@ impl Resource {
         all.extend(node);
         all.extend(waypoints);
         self.links = all.into_boxed_slice();
+        self.uid = NO_UID;
         self
+    }
+
+    /// For a pod's workload: the pod's Kubernetes `metadata.uid` (the CA checks a token's pod
+    /// binding against it). Not sent; a pod re-created under its name changes only this.
+    pub fn pod_uid(&self) -> Option<Uid<'_>> {
+        match self.uid {
+            UUID => Some(Uid::Uuid(self.uuid)),
+            TEXT_UID => self.links.last().map(|text| Uid::Text(text)),
+            _ => None,
+        }
+    }
+
+    /// Sets the pod uid (after the links: a text uid is the last of them).
+    pub fn set_pod_uid(&mut self, uid: Uid<'_>) {
+        if self.uid == TEXT_UID {
+            let mut links = std::mem::take(&mut self.links).into_vec();
+            links.pop();
+            self.links = links.into_boxed_slice();
+        }
+        (self.uuid, self.uid) = ([0; 16], NO_UID);
+        match uid {
+            Uid::Uuid(bytes) => (self.uuid, self.uid) = (bytes, UUID),
+            Uid::Text("") => {}
+            Uid::Text(text) => {
+                let mut links = std::mem::take(&mut self.links).into_vec();
+                links.push(text.into());
+                self.links = links.into_boxed_slice();
+                self.uid = TEXT_UID;
+            }
+        }
     }
 
     /// This resource marked as holding a Service.
@@ -168,9 +206,10 @@ impl Resource {
 
     /// Lookup keys of the waypoint this workload or service uses.
     pub fn waypoints(&self) -> &[Name] {
+        let end = self.links.len() - usize::from(self.uid == TEXT_UID);
         let from =
             usize::from(self.aliases) + usize::from(self.services) + usize::from(self.has_node);
-        &self.links[from..]
+        &self.links[from..end]
     }
 
     /// Aliases, services and node, to be swapped for the index's shared copies.
@@ -186,11 +225,12 @@ impl Resource {
     }
 
     /// Takes the links (and so the shared strings) of `other`.
+    /// `other` has the same value, so the same links but perhaps its uid: only the links it
+    /// shares with the index are taken.
     pub(crate) fn take_links_of(&mut self, other: &Resource) {
-        self.links = other.links.clone();
-        self.aliases = other.aliases;
-        self.services = other.services;
-        self.has_node = other.has_node;
+        let shared = usize::from(other.aliases) + usize::from(other.services);
+        let shared = shared + usize::from(other.has_node);
+        self.links[..shared].clone_from_slice(&other.links[..shared]);
     }
 
     /// The `Any`'s type URL.
@@ -423,8 +463,8 @@ impl Snapshot {
 
     /// Kubernetes `metadata.uid` of the pod whose workload is named `workload_uid`
     /// (`<cluster>//Pod/<ns>/<name>`): the CA checks a token's pod binding against it.
-    pub fn pod_uid(&self, workload_uid: &str) -> Option<&str> {
-        self.addresses.get(workload_uid)?.pod_uid.as_deref()
+    pub fn pod_uid(&self, workload_uid: &str) -> Option<String> {
+        Some(self.addresses.get(workload_uid)?.pod_uid()?.to_string())
     }
 
     /// istiod's `Lookup(key)` for Address resources: a workload uid; `network/ip` (the workloads

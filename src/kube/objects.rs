@@ -406,7 +406,7 @@ struct RawCondition {
 }
 
 impl RawPod {
-    fn reduce(self) -> Result<Object, String> {
+    fn reduce(mut self) -> Result<Object, String> {
         let name = self.metadata.name()?;
         let status = self.status;
         let mut ip_texts: Vec<String> = status.pod_ips.into_iter().map(|p| p.ip).collect();
@@ -451,7 +451,7 @@ impl RawPod {
             });
         Ok(Object::Pod(Pod::from(PodFields {
             name,
-            uid: self.metadata.uid.as_str().into(),
+            uid: std::mem::take(&mut self.metadata.uid),
             namespace: self.metadata.namespace(),
             generate_name: self.metadata.generate_name,
             labels: self.metadata.labels,

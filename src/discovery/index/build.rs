@@ -121,7 +121,7 @@ impl Index {
                     .and_then(|pod| {
                         let mut resource =
                             workload_resource(workload::build(settings, store, pod, reads)?);
-                        resource.pod_uid = (!pod.uid().is_empty()).then(|| pod.uid().clone());
+                        resource.set_pod_uid(pod.uid());
                         Some(resource)
                     })
                     .into_iter()

@@ -443,7 +443,7 @@ impl Index {
         if old.as_ref().map(|(_, r)| &r.value) == new.as_ref().map(|r| &r.value) {
             // Same bytes; only a re-created pod's uid (never sent) may differ.
             if let (Some((key, old)), Some(mut new)) = (&old, new)
-                && old.pod_uid != new.pod_uid
+                && old.pod_uid() != new.pod_uid()
             {
                 // The indexes keep the old resource's shared strings.
                 new.name = key.clone();
