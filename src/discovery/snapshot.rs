@@ -325,8 +325,34 @@ impl Changes {
 /// ([`crate::discovery::trie`]).
 pub type PersistentMap<K, V> = crate::discovery::trie::HashTrie<K, V>;
 
-/// Resource names, sorted and unique, shared between snapshots.
-pub type Names = Arc<[Name]>;
+/// Resource names, sorted and unique, shared between snapshots: the names with one
+/// `network/ip`. Nearly always one, kept inline (a shared slice of one name cost a 32-byte
+/// allocation per pod).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Names {
+    One(Name),
+    Many(Arc<[Name]>),
+}
+
+impl std::ops::Deref for Names {
+    type Target = [Name];
+
+    fn deref(&self) -> &[Name] {
+        match self {
+            Names::One(name) => std::slice::from_ref(name),
+            Names::Many(names) => names,
+        }
+    }
+}
+
+impl From<Vec<Name>> for Names {
+    fn from(mut names: Vec<Name>) -> Self {
+        match names.len() {
+            1 => Names::One(names.pop().expect("one name")),
+            _ => Names::Many(names.into()),
+        }
+    }
+}
 
 /// Resources of one type by name.
 pub type ResourceMap = PersistentMap<Name, Arc<Resource>>;
@@ -502,6 +528,17 @@ impl Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_name_is_kept_inline_and_more_are_shared() {
+        let one = Names::from(vec![Name::from("a")]);
+        assert!(matches!(one, Names::One(_)));
+        assert_eq!(&*one, [Name::from("a")]);
+        let two = Names::from(vec![Name::from("a"), "b".into()]);
+        assert!(matches!(two, Names::Many(_)));
+        assert_eq!(two.len(), 2);
+        assert_eq!(std::mem::size_of::<Names>(), 24);
+    }
 
     #[test]
     fn links_come_back_as_given_and_the_resource_stays_small() {
