@@ -637,6 +637,37 @@ mod tests {
         assert_eq!(changed, vec![3, 4_000, 20_000]);
     }
 
+    /// A key whose hash is always the same: every entry collides.
+    #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+    struct Colliding(u32);
+
+    impl std::hash::Hash for Colliding {
+        fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+            state.write_u32(7);
+        }
+    }
+
+    #[test]
+    fn keys_whose_hashes_collide_share_one_deep_leaf_and_stay_distinct() {
+        let mut trie: HashTrie<Colliding, u32> = HashTrie::new();
+        for i in 0..200 {
+            assert_eq!(trie.insert(Colliding(i), i), None);
+        }
+        let old = trie.clone();
+        for i in 0..200 {
+            assert_eq!(trie.get(&Colliding(i)), Some(&i));
+        }
+        assert_eq!(trie.insert(Colliding(5), 50), Some(5));
+        assert_eq!(trie.remove(&Colliding(6)), Some(6));
+        assert_eq!(trie.remove(&Colliding(6)), None);
+        assert_eq!(trie.len(), 199);
+        let mut changed = Vec::new();
+        trie.diff(&old, |k| changed.push(k.0));
+        changed.sort();
+        assert_eq!(changed, vec![5, 6]);
+        assert_eq!(old.get(&Colliding(5)), Some(&5));
+    }
+
     #[test]
     fn emptied_maps_free_their_nodes_and_refill() {
         let mut trie: HashTrie<u32, ()> = (0..500).map(|i| (i, ())).collect();

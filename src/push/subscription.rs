@@ -327,13 +327,9 @@ impl TypeState {
                 }
             }
             None => {
-                // Fell behind the history: compare the two snapshots in full.
-                for name in resources.keys() {
-                    diff_one(name, old, resources, &mut delta);
-                }
-                for name in old.keys().filter(|name| !resources.contains_key(*name)) {
-                    delta.removed.push(name.to_string());
-                }
+                // Fell behind the history: compare the two snapshots, skipping the parts of
+                // their maps they still share (most of them, for a client a few seconds behind).
+                resources.diff(old, |name| diff_one(name, old, resources, &mut delta));
             }
         }
         self.synced = Some(snapshot.clone());
