@@ -3,9 +3,10 @@
 //! 100k stored pods make every allocation per pod count. A pod with one `Box<str>` per field,
 //! boxed owner and port lists took about 19 small blocks (440 B, each rounded up to a size
 //! class, plus 16 B inline per string). A [`Pod`] keeps its strings in one `Box<str>` and its
-//! offsets, ports and IPs in one `Box<[u32]>`; its labels stay a [`Labels`] (the index's hot path
-//! reads them as `&Labels`), and its uid an `Arc<str>` shared with its workload resource. Sources
-//! and tests fill in a [`PodFields`] (plain owned fields) and pack it with `Pod::from`.
+//! offsets, ports, IPs and (a UUID's 16 bytes) uid in one `Box<[u32]>`; its labels stay a
+//! [`Labels`] (the index's hot path reads them as `&Labels`). Strings most pods share (phases,
+//! the default service account, controller kinds, the kept annotation) are one byte of text.
+//! Sources and tests fill in a [`PodFields`] (plain owned fields) and pack it with `Pod::from`.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
