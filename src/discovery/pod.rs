@@ -127,25 +127,25 @@ pub struct PodFields {
 
 /// A reduced Pod, packed: its fields read through methods named as those of [`PodFields`].
 ///
-/// `text` holds the strings in this order: the fixed ones (name, namespace, generate name,
-/// phase, service account, node name, owner kind and name), each annotation's key and value,
-/// each port's name, and the uid if it is not a UUID. The generate name and the owner's name
-/// are nearly always prefixes of the
-/// name (`web-7d4b9-` and `web-7d4b9` of `web-7d4b9-x2x`); such a one is empty in `text` and
-/// read as the name's first bytes, its length in the prefixes word. `table` holds, in order:
-/// the head words (flags, the annotation, port and IP counts, the prefixes); the end offset in
-/// `text` of each string; one word per port (number, and protocol above bit 16); and per IP a
-/// family word (4 or 6) followed by its 1 or 4 address words; then a UUID uid's four words.
-/// The encoding is canonical, so
-/// two pods are equal exactly when their fields are.
+/// Besides its labels, one string holds everything, so that the buffer needs no unsafe code to
+/// read: a width byte `w`; the *small* numbers, `w` bytes of seven bits each (the annotation,
+/// port and IP counts, the two prefix lengths, where the big numbers and the text start, each
+/// string's end offset from the start of the buffer, and each IP's family, 4 or 6); the *big*
+/// numbers, three bytes of seven bits each (21 bits: the flags, one word per port with the
+/// protocol above bit 16, the IPs' addresses and a UUID uid as 16-bit halves); then the text:
+/// the fixed strings (name, namespace, generate name, phase, service account, node name, owner
+/// kind and name), each annotation's key and value, each port's name, and the uid if it is not
+/// a UUID. The generate name and the owner's name are nearly always prefixes of the name
+/// (`web-7d4b9-` and `web-7d4b9` of `web-7d4b9-x2x`); such a one is empty in the text and read
+/// as the name's first bytes. The encoding is canonical, so two pods are equal exactly when
+/// their fields are.
 #[derive(Clone, PartialEq)]
 pub struct Pod {
     labels: Labels,
-    text: Box<str>,
-    table: Box<[u32]>,
+    data: Box<str>,
 }
 
-// The strings at fixed positions in `text`.
+// The strings at fixed positions in the text.
 const NAME: usize = 0;
 const NAMESPACE: usize = 1;
 const GENERATE_NAME: usize = 2;
@@ -156,31 +156,36 @@ const OWNER_KIND: usize = 6;
 const OWNER_NAME: usize = 7;
 const FIXED: usize = 8;
 
-// The words at the head of `table` (a flag word here, not a byte in the `Pod`, keeps the `Pod`
-// at 64 B, a size class of its own, instead of 65 rounded up to 80).
+// The small numbers at the head.
+const ANNOTATIONS: usize = 0;
+const PORTS: usize = 1;
+const IPS: usize = 2;
+const GENERATE_PREFIX: usize = 3;
+const OWNER_PREFIX: usize = 4;
+const BIG_START: usize = 5;
+const TEXT_START: usize = 6;
+/// The first string end.
+const ENDS: usize = 7;
+/// The big number holding the flags.
 const FLAGS: usize = 0;
-const ANNOTATIONS: usize = 1;
-const PORTS: usize = 2;
-const IPS: usize = 3;
-/// The generate name's length (low half) and the owner name's (high half) when prefixes.
-const PREFIXES: usize = 4;
-const HEAD: usize = 5;
+/// Bytes per big number: 21 bits.
+const BIG: usize = 3;
 
-// The bits of `table[FLAGS]`.
+// The bits of the flags.
 const TERMINATING: u32 = 1;
 const READY: u32 = 2;
 const HOST_NETWORK: u32 = 4;
 const HAS_OWNER: u32 = 8;
 const GENERATE_NAME_IS_PREFIX: u32 = 16;
 const OWNER_NAME_IS_PREFIX: u32 = 32;
-/// The uid is a UUID, in the table's last four words.
+/// The uid is a UUID, in the last eight big numbers.
 const UID_UUID: u32 = 64;
 /// The uid is text, the string after the port names.
 const UID_TEXT: u32 = 128;
-/// Bits 8 to 31 of `table[FLAGS]`: string `i` (for `i` under [`CODED_SLOTS`]) is one byte of
-/// `text`, the index of a [`WELL_KNOWN`] string.
+/// Bits 8 to 20 of the flags: string `i` (for `i` under [`CODED_SLOTS`]) is one byte of the
+/// text, the index of a [`WELL_KNOWN`] string.
 const CODED_SHIFT: u32 = 8;
-const CODED_SLOTS: usize = 24;
+const CODED_SLOTS: usize = 13;
 
 /// Strings most pods share, stored as one byte: phases, the default service account, the
 /// common controller kinds, the one annotation kept and its values. For the scale harness's pod
@@ -212,10 +217,10 @@ impl Pod {
     /// `metadata.uid`.
     pub fn uid(&self) -> Uid<'_> {
         if self.flag(UID_UUID) {
-            let words = &self.table[self.table.len() - 4..];
+            let first = self.big_len() - 8;
             let mut bytes = [0u8; 16];
-            for (chunk, word) in bytes.chunks_exact_mut(4).zip(words) {
-                chunk.copy_from_slice(&word.to_be_bytes());
+            for (i, chunk) in bytes.chunks_exact_mut(2).enumerate() {
+                chunk.copy_from_slice(&(self.big(first + i) as u16).to_be_bytes());
             }
             Uid::Uuid(bytes)
         } else if self.flag(UID_TEXT) {
@@ -230,7 +235,7 @@ impl Pod {
     }
 
     pub fn generate_name(&self) -> &str {
-        self.name_or_prefix(GENERATE_NAME, GENERATE_NAME_IS_PREFIX, 0)
+        self.name_or_prefix(GENERATE_NAME, GENERATE_NAME_IS_PREFIX, GENERATE_PREFIX)
     }
 
     pub fn labels(&self) -> &Labels {
@@ -253,7 +258,7 @@ impl Pod {
     pub fn owner(&self) -> Option<Owner<&str>> {
         self.flag(HAS_OWNER).then(|| Owner {
             kind: self.string(OWNER_KIND),
-            name: self.name_or_prefix(OWNER_NAME, OWNER_NAME_IS_PREFIX, 16),
+            name: self.name_or_prefix(OWNER_NAME, OWNER_NAME_IS_PREFIX, OWNER_PREFIX),
         })
     }
 
@@ -274,9 +279,10 @@ impl Pod {
 
     /// `status.podIPs` (or `status.podIP`), in order.
     pub fn ips(&self) -> Ips<'_> {
-        let words = &self.table[self.ports_end()..];
         Ips {
-            words,
+            pod: self,
+            family: ENDS + self.strings(),
+            half: 1 + self.count(PORTS),
             left: self.count(IPS),
         }
     }
@@ -297,9 +303,8 @@ impl Pod {
     /// Named ports of containers and native sidecar init containers, in declaration order.
     pub fn ports(&self) -> impl Iterator<Item = ContainerPort<&str>> {
         let first_name = FIXED + 2 * self.count(ANNOTATIONS);
-        let words = self.strings_end();
         (0..self.count(PORTS)).map(move |i| {
-            let word = self.table[words + i];
+            let word = self.big(1 + i);
             ContainerPort {
                 name: self.string(first_name + i),
                 port: word as u16,
@@ -343,33 +348,46 @@ impl Pod {
         }
     }
 
-    /// One of the counts in the table's head.
+    fn width(&self) -> usize {
+        usize::from(self.data.as_bytes()[0])
+    }
+
+    /// Small number `i`.
+    fn small(&self, i: usize) -> usize {
+        let width = self.width();
+        seven_bits(&self.data.as_bytes()[1 + i * width..1 + (i + 1) * width])
+    }
+
+    /// Big number `i`.
+    fn big(&self, i: usize) -> u32 {
+        let at = self.small(BIG_START) + i * BIG;
+        seven_bits(&self.data.as_bytes()[at..at + BIG]) as u32
+    }
+
+    /// How many big numbers there are.
+    fn big_len(&self) -> usize {
+        (self.small(TEXT_START) - self.small(BIG_START)) / BIG
+    }
+
+    /// One of the counts.
     fn count(&self, i: usize) -> usize {
-        self.table[i] as usize
+        self.small(i)
     }
 
     fn flag(&self, bit: u32) -> bool {
-        self.table[FLAGS] & bit != 0
+        self.big(FLAGS) & bit != 0
     }
 
-    /// The index in `table` just past the string ends.
-    fn strings_end(&self) -> usize {
-        HEAD + FIXED
-            + 2 * self.count(ANNOTATIONS)
-            + self.count(PORTS)
-            + usize::from(self.flag(UID_TEXT))
-    }
-
-    /// The index in `table` just past the port words.
-    fn ports_end(&self) -> usize {
-        self.strings_end() + self.count(PORTS)
+    /// How many strings there are.
+    fn strings(&self) -> usize {
+        FIXED + 2 * self.count(ANNOTATIONS) + self.count(PORTS) + usize::from(self.flag(UID_TEXT))
     }
 
     /// String `i`, or (`flag` set) the name's first bytes, as many as the half of the prefixes
     /// word at `shift`.
-    fn name_or_prefix(&self, i: usize, flag: u32, shift: u32) -> &str {
+    fn name_or_prefix(&self, i: usize, flag: u32, length: usize) -> &str {
         if self.flag(flag) {
-            &self.name()[..(self.table[PREFIXES] >> shift & 0xffff) as usize]
+            &self.name()[..self.small(length)]
         } else {
             self.string(i)
         }
@@ -377,12 +395,12 @@ impl Pod {
 
     fn string(&self, i: usize) -> &str {
         let start = if i == 0 {
-            0
+            self.small(TEXT_START)
         } else {
-            self.table[HEAD + i - 1] as usize
+            self.small(ENDS + i - 1)
         };
-        let raw = &self.text[start..self.table[HEAD + i] as usize];
-        if i < CODED_SLOTS && self.table[FLAGS] >> CODED_SHIFT & (1 << i) != 0 {
+        let raw = &self.data[start..self.small(ENDS + i)];
+        if i < CODED_SLOTS && self.big(FLAGS) >> CODED_SHIFT & (1 << i) != 0 {
             WELL_KNOWN[usize::from(raw.as_bytes()[0])]
         } else {
             raw
@@ -401,10 +419,7 @@ impl From<PodFields> for Pod {
         let no_owner = Owner::default();
         let owner = pod.owner.as_ref().unwrap_or(&no_owner);
         // The length of a prefix of the name (stored as that length, not as text).
-        let prefix = |s: &str| {
-            let len = u16::try_from(s.len()).ok()?;
-            pod.name.starts_with(s).then_some(u32::from(len))
-        };
+        let prefix = |s: &str| pod.name.starts_with(s).then_some(s.len());
         let generate_prefix = prefix(&pod.generate_name);
         let owner_prefix = pod.owner.as_ref().and_then(|o| prefix(&o.name));
         let fixed: [&str; FIXED] = [
@@ -437,47 +452,35 @@ impl From<PodFields> for Pod {
                 .chain(pod.ports.iter().map(|p| p.name.as_str()))
                 .chain(uid_text)
         };
-        let size: usize = strings().map(str::len).sum();
-        assert!(u32::try_from(size).is_ok(), "pod strings over 4 GiB");
         let (annotations, ports) = (pod.annotations.len(), pod.ports.len());
-        let ip_words: usize = pod.ips.iter().map(|ip| 1 + ip_len(ip)).sum();
-        let mut text = String::with_capacity(size);
-        let uid_words = if matches!(uid, Uid::Uuid(_)) { 4 } else { 0 };
-        let mut table = Vec::with_capacity(
-            HEAD + FIXED
-                + 2 * annotations
-                + 2 * ports
-                + usize::from(uid_text.is_some())
-                + ip_words
-                + uid_words,
-        );
-        let flags = [
+        let mut flags = [
             (pod.terminating, TERMINATING),
             (pod.ready, READY),
             (pod.host_network, HOST_NETWORK),
             (pod.owner.is_some(), HAS_OWNER),
             (generate_prefix.is_some(), GENERATE_NAME_IS_PREFIX),
             (owner_prefix.is_some(), OWNER_NAME_IS_PREFIX),
-            (uid_words > 0, UID_UUID),
+            (matches!(uid, Uid::Uuid(_)), UID_UUID),
             (uid_text.is_some(), UID_TEXT),
         ]
         .into_iter()
         .filter(|(set, _)| *set)
         .fold(0, |flags, (_, bit)| flags | bit);
-        table.push(flags);
-        table.extend([annotations, ports, pod.ips.len()].map(|n| n as u32));
-        table.push(generate_prefix.unwrap_or(0) | owner_prefix.unwrap_or(0) << 16);
+        // The text, and its string ends counted from the text's start for now.
+        let mut text = String::new();
+        let mut ends = Vec::new();
         for (i, s) in strings().enumerate() {
             match WELL_KNOWN.iter().position(|known| *known == s) {
                 Some(code) if i < CODED_SLOTS => {
                     text.push(char::from(code as u8));
-                    table[FLAGS] |= 1 << (CODED_SHIFT + i as u32);
+                    flags |= 1 << (CODED_SHIFT + i as u32);
                 }
                 _ => text.push_str(s),
             }
-            table.push(text.len() as u32);
+            ends.push(text.len());
         }
-        table.extend(pod.ports.iter().map(|p| {
+        let mut big = vec![flags];
+        big.extend(pod.ports.iter().map(|p| {
             let protocol = match p.protocol {
                 Protocol::Tcp => 0,
                 Protocol::Udp => 1,
@@ -485,40 +488,90 @@ impl From<PodFields> for Pod {
             };
             u32::from(p.port) | protocol << 16
         }));
+        let mut families = Vec::new();
+        let halves = |bytes: &[u8]| -> Vec<u32> {
+            bytes
+                .chunks_exact(2)
+                .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+                .collect()
+        };
         for ip in &pod.ips {
             match ip {
-                IpAddr::V4(v4) => table.extend([4, u32::from(*v4)]),
+                IpAddr::V4(v4) => {
+                    families.push(4);
+                    big.extend(halves(&v4.octets()));
+                }
                 IpAddr::V6(v6) => {
-                    let bits = u128::from(*v6);
-                    table.push(6);
-                    table.extend((0..4).rev().map(|i| (bits >> (32 * i)) as u32));
+                    families.push(6);
+                    big.extend(halves(&v6.octets()));
                 }
             }
         }
         if let Uid::Uuid(bytes) = uid {
-            table.extend(
-                bytes
-                    .chunks_exact(4)
-                    .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]])),
-            );
+            big.extend(halves(&bytes));
         }
+        let smalls = ENDS + ends.len() + families.len();
+        let size = |width: usize| 1 + smalls * width + big.len() * BIG + text.len();
+        let width = (1..=4)
+            // Every small number is under the size (a prefix is shorter than the name).
+            .find(|&w| size(w) < 1 << (7 * w))
+            .expect("pod over 256 MiB");
+        let big_start = 1 + smalls * width;
+        let text_start = big_start + big.len() * BIG;
+        let capacity = size(width);
+        let mut data = String::with_capacity(capacity);
+        data.push(char::from(width as u8));
+        let small = [
+            annotations,
+            ports,
+            pod.ips.len(),
+            generate_prefix.unwrap_or(0),
+            owner_prefix.unwrap_or(0),
+            big_start,
+            text_start,
+        ]
+        .into_iter()
+        .chain(ends.iter().map(|end| text_start + end))
+        .chain(families);
+        for n in small {
+            put_seven_bits(&mut data, n, width);
+        }
+        for n in big {
+            put_seven_bits(&mut data, n as usize, BIG);
+        }
+        data.push_str(&text);
+        debug_assert_eq!(data.len(), capacity);
         Pod {
             labels: pod.labels,
-            text: text.into_boxed_str(),
-            table: table.into_boxed_slice(),
+            data: data.into_boxed_str(),
         }
     }
 }
 
-/// The address words of one IP.
-fn ip_len(ip: &IpAddr) -> usize {
-    if ip.is_ipv4() { 1 } else { 4 }
+/// `n` as `width` bytes of seven bits, low first (ASCII, so the buffer stays a `str`).
+fn put_seven_bits(out: &mut String, n: usize, width: usize) {
+    debug_assert!(n < 1 << (7 * width));
+    for i in 0..width {
+        out.push(char::from(((n >> (7 * i)) & 0x7f) as u8));
+    }
+}
+
+/// The number `put_seven_bits` wrote into `bytes`.
+fn seven_bits(bytes: &[u8]) -> usize {
+    bytes
+        .iter()
+        .enumerate()
+        .fold(0, |n, (j, byte)| n | (usize::from(*byte) << (7 * j)))
 }
 
 /// A pod's IPs, in order.
 #[derive(Clone, Debug)]
 pub struct Ips<'a> {
-    words: &'a [u32],
+    pod: &'a Pod,
+    /// The small number holding the next IP's family.
+    family: usize,
+    /// The big number holding the next IP's first half.
+    half: usize,
     left: usize,
 }
 
@@ -530,17 +583,23 @@ impl Iterator for Ips<'_> {
             return None;
         }
         self.left -= 1;
-        let (ip, len) = match self.words[0] {
-            4 => (IpAddr::V4(Ipv4Addr::from(self.words[1])), 1),
-            _ => {
-                let bits = self.words[1..5]
-                    .iter()
-                    .fold(0u128, |bits, &w| bits << 32 | u128::from(w));
-                (IpAddr::V6(Ipv6Addr::from(bits)), 4)
-            }
+        let halves = if self.pod.small(self.family) == 4 {
+            2
+        } else {
+            8
         };
-        self.words = &self.words[1 + len..];
-        Some(ip)
+        let mut octets = [0u8; 16];
+        for i in 0..halves {
+            let half = self.pod.big(self.half + i) as u16;
+            octets[2 * i..2 * i + 2].copy_from_slice(&half.to_be_bytes());
+        }
+        self.family += 1;
+        self.half += halves;
+        Some(if halves == 2 {
+            IpAddr::V4(Ipv4Addr::new(octets[0], octets[1], octets[2], octets[3]))
+        } else {
+            IpAddr::V6(Ipv6Addr::from(octets))
+        })
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
@@ -684,13 +743,14 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_is_48_bytes_and_two_blocks_besides_its_labels() {
-        assert_eq!(std::mem::size_of::<Pod>(), 48);
+    fn a_pod_is_32_bytes_and_one_block_besides_its_labels() {
+        assert_eq!(std::mem::size_of::<Pod>(), 32);
         let pod = Pod::from(full());
         // The generate name and the owner's name are the name's prefixes: not in the text; a
         // uid that is not a UUID is the last string.
+        let text = &pod.data[pod.small(TEXT_START)..];
         assert_eq!(
-            &*pod.text, "web-7d4b9-x2xdemo\u{1}webnode-a\u{6}a/bonchttpdnss0000-1111",
+            text, "web-7d4b9-x2xdemo\u{1}webnode-a\u{6}a/bonchttpdnss0000-1111",
             "Running and ReplicaSet are well known: one byte each"
         );
         assert_eq!(
@@ -705,10 +765,18 @@ mod tests {
         let packed = Pod::from(odd.clone());
         assert_eq!(packed.phase(), "\u{1}");
         assert_eq!(packed.to_fields(), odd);
-        assert_eq!(
-            pod.table.len(),
-            HEAD + FIXED + 4 + 2 * 3 + 1 + (1 + 4) + (1 + 1)
-        );
+        // Flags, three ports, an IPv6 and an IPv4 address in 16-bit halves.
+        assert_eq!(pod.big_len(), 1 + 3 + 8 + 2);
+        // Under 128 bytes: one byte per small number (counts, starts, 16 ends, 2 families).
+        assert_eq!(pod.width(), 1);
+        assert_eq!(pod.data.len(), 1 + (ENDS + 16 + 2) + 14 * BIG + text.len());
+        // A long pod takes wider small numbers.
+        let mut long = full();
+        long.name = "n".repeat(200);
+        long.node_name = "x".repeat(20_000);
+        let packed = Pod::from(long.clone());
+        assert_eq!(packed.width(), 3);
+        assert_eq!(packed.to_fields(), long);
     }
 
     #[test]
@@ -733,7 +801,7 @@ mod tests {
         fields.uid = text.into();
         let pod = Pod::from(fields.clone());
         assert_eq!(pod.uid(), uid);
-        assert!(!pod.text.contains("abcd"), "a UUID is kept in the table");
+        assert!(!pod.data.contains("abcd"), "a UUID is kept as numbers");
         assert_eq!(
             pod.ips().collect::<Vec<_>>(),
             fields.ips,
