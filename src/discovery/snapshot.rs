@@ -354,8 +354,32 @@ impl From<Vec<Name>> for Names {
     }
 }
 
-/// Resources of one type by name.
-pub type ResourceMap = PersistentMap<Name, Arc<Resource>>;
+/// Resources of one type by name: each entry is the resource, keyed by its own name (16 B a
+/// slot, where a separate key doubled it).
+pub type ResourceMap = crate::discovery::trie::Trie<Arc<Resource>>;
+
+impl crate::discovery::trie::Entry for Arc<Resource> {
+    type Key = Name;
+    type Value = Arc<Resource>;
+
+    /// The resource; `name` must be its own.
+    fn new(name: Name, resource: Arc<Resource>) -> Self {
+        debug_assert_eq!(name, resource.name);
+        resource
+    }
+
+    fn key(&self) -> &Name {
+        &self.name
+    }
+
+    fn value(&self) -> &Arc<Resource> {
+        self
+    }
+
+    fn into_value(self) -> Arc<Resource> {
+        self
+    }
+}
 
 /// How many recent `Changes` a snapshot remembers, so a connection that skipped a few snapshots
 /// can still catch up by names instead of a full diff.

@@ -36,34 +36,64 @@ fn hash_of<Q: Hash + ?Sized>(key: &Q) -> u64 {
     hasher().hash_one(key)
 }
 
-enum Node<K, V> {
+/// What a [`Trie`] stores: a key with a value (`(K, V)`, the [`HashTrie`] map), or a value
+/// that carries its own key (a resource and its name), so the key is not stored twice.
+pub trait Entry: Clone {
+    type Key: Hash + Ord;
+    type Value;
+    fn new(key: Self::Key, value: Self::Value) -> Self;
+    fn key(&self) -> &Self::Key;
+    fn value(&self) -> &Self::Value;
+    fn into_value(self) -> Self::Value;
+}
+
+impl<K: Hash + Ord + Clone, V: Clone> Entry for (K, V) {
+    type Key = K;
+    type Value = V;
+
+    fn new(key: K, value: V) -> Self {
+        (key, value)
+    }
+
+    fn key(&self) -> &K {
+        &self.0
+    }
+
+    fn value(&self) -> &V {
+        &self.1
+    }
+
+    fn into_value(self) -> V {
+        self.1
+    }
+}
+
+enum Node<E> {
     Branch {
         bitmap: u64,
-        children: Vec<Arc<Node<K, V>>>,
+        children: Vec<Arc<Node<E>>>,
     },
     /// Sorted by (hash, key), unique.
-    Leaf(Vec<Slot<K, V>>),
+    Leaf(Vec<Slot<E>>),
 }
 
 /// A leaf entry with the low 32 bits of its key's hash: a leaf is searched by comparing
 /// numbers in one array rather than keys behind pointers, and split without rehashing.
 #[derive(Clone)]
-struct Slot<K, V> {
+struct Slot<E> {
     hash: u32,
-    key: K,
-    value: V,
+    entry: E,
 }
 
 /// Where `key` (with `hash`) is in a leaf, or where it would go.
-fn find<K: Borrow<Q>, V, Q: Ord + ?Sized>(
-    entries: &[Slot<K, V>],
-    hash: u64,
-    key: &Q,
-) -> Result<usize, usize> {
+fn find<E: Entry, Q: Ord + ?Sized>(entries: &[Slot<E>], hash: u64, key: &Q) -> Result<usize, usize>
+where
+    E::Key: Borrow<Q>,
+{
     let hash = hash as u32;
     let mut i = entries.partition_point(|s| s.hash < hash);
     while let Some(slot) = entries.get(i).filter(|s| s.hash == hash) {
-        match slot.key.borrow().cmp(key) {
+        match slot.entry.key().borrow().cmp(key) {
             std::cmp::Ordering::Less => i += 1,
             std::cmp::Ordering::Equal => return Ok(i),
             std::cmp::Ordering::Greater => break,
@@ -75,7 +105,7 @@ fn find<K: Borrow<Q>, V, Q: Ord + ?Sized>(
 /// Leaves grow by this many slots at a time: fewer reallocations, little slack.
 const GROW: usize = 4;
 
-impl<K: Clone, V: Clone> Clone for Node<K, V> {
+impl<E: Clone> Clone for Node<E> {
     fn clone(&self) -> Self {
         match self {
             Node::Branch { bitmap, children } => Node::Branch {
@@ -97,28 +127,31 @@ fn position(bitmap: u64, bit: u32) -> usize {
     (bitmap & ((1u64 << bit) - 1)).count_ones() as usize
 }
 
-/// A persistent hash map: cheap to clone, dense in memory.
-pub struct HashTrie<K, V> {
-    root: Option<Arc<Node<K, V>>>,
+/// A persistent hash map of entries: cheap to clone, dense in memory.
+pub struct Trie<E> {
+    root: Option<Arc<Node<E>>>,
     len: usize,
 }
 
-impl<K, V> Default for HashTrie<K, V> {
+/// A persistent hash map from `K` to `V`.
+pub type HashTrie<K, V> = Trie<(K, V)>;
+
+impl<E> Default for Trie<E> {
     fn default() -> Self {
-        HashTrie { root: None, len: 0 }
+        Trie { root: None, len: 0 }
     }
 }
 
-impl<K, V> Clone for HashTrie<K, V> {
+impl<E> Clone for Trie<E> {
     fn clone(&self) -> Self {
-        HashTrie {
+        Trie {
             root: self.root.clone(),
             len: self.len,
         }
     }
 }
 
-impl<K, V> HashTrie<K, V> {
+impl<E: Entry> Trie<E> {
     pub fn new() -> Self {
         Self::default()
     }
@@ -141,7 +174,7 @@ impl<K, V> HashTrie<K, V> {
     }
 
     /// Every entry, in hash order (stable for a map and its clones, not across processes).
-    pub fn iter(&self) -> Iter<'_, K, V> {
+    pub fn iter(&self) -> Iter<'_, E> {
         Iter {
             stack: Vec::new(),
             leaf: [].iter(),
@@ -149,19 +182,17 @@ impl<K, V> HashTrie<K, V> {
         }
     }
 
-    pub fn keys(&self) -> impl Iterator<Item = &K> {
+    pub fn keys(&self) -> impl Iterator<Item = &E::Key> {
         self.iter().map(|(k, _)| k)
     }
 
-    pub fn values(&self) -> impl Iterator<Item = &V> {
+    pub fn values(&self) -> impl Iterator<Item = &E::Value> {
         self.iter().map(|(_, v)| v)
     }
-}
 
-impl<K: Hash + Ord, V> HashTrie<K, V> {
-    pub fn get_key_value<Q>(&self, key: &Q) -> Option<(&K, &V)>
+    pub fn get_key_value<Q>(&self, key: &Q) -> Option<(&E::Key, &E::Value)>
     where
-        K: Borrow<Q>,
+        E::Key: Borrow<Q>,
         Q: Hash + Ord + ?Sized,
     {
         let hash = hash_of(key);
@@ -179,15 +210,15 @@ impl<K: Hash + Ord, V> HashTrie<K, V> {
                 }
                 Node::Leaf(entries) => {
                     let slot = &entries[find(entries, hash, key).ok()?];
-                    return Some((&slot.key, &slot.value));
+                    return Some((slot.entry.key(), slot.entry.value()));
                 }
             }
         }
     }
 
-    pub fn get<Q>(&self, key: &Q) -> Option<&V>
+    pub fn get<Q>(&self, key: &Q) -> Option<&E::Value>
     where
-        K: Borrow<Q>,
+        E::Key: Borrow<Q>,
         Q: Hash + Ord + ?Sized,
     {
         self.get_key_value(key).map(|(_, v)| v)
@@ -195,13 +226,58 @@ impl<K: Hash + Ord, V> HashTrie<K, V> {
 
     pub fn contains_key<Q>(&self, key: &Q) -> bool
     where
-        K: Borrow<Q>,
+        E::Key: Borrow<Q>,
         Q: Hash + Ord + ?Sized,
     {
         self.get_key_value(key).is_some()
     }
+
+    /// Sets `key` to `value`; returns the value it replaces.
+    pub fn insert(&mut self, key: E::Key, value: E::Value) -> Option<E::Value> {
+        let entry = E::new(key, value);
+        let hash = hash_of(entry.key());
+        let root = self
+            .root
+            .get_or_insert_with(|| Arc::new(Node::Leaf(Vec::new())));
+        let old = insert_at(Arc::make_mut(root), hash, 0, entry);
+        if old.is_none() {
+            self.len += 1;
+        }
+        old
+    }
+
+    /// Removes `key`; returns its value.
+    pub fn remove<Q>(&mut self, key: &Q) -> Option<E::Value>
+    where
+        E::Key: Borrow<Q>,
+        Q: Hash + Ord + ?Sized,
+    {
+        // Look first, so a miss copies nothing.
+        self.get_key_value(key)?;
+        let hash = hash_of(key);
+        let root = self.root.as_mut()?;
+        let (old, empty) = remove_at(Arc::make_mut(root), hash, 0, key);
+        if empty {
+            self.root = None;
+        }
+        if old.is_some() {
+            self.len -= 1;
+        }
+        old
+    }
+
+    /// Calls `changed(key)` for every key whose value differs between `old` and `self` (present
+    /// in one only, or with unequal values), skipping the subtrees the two maps share (every
+    /// map in the process hashes alike, so equal keys sit at equal places).
+    pub fn diff<'a>(&'a self, old: &'a Self, mut changed: impl FnMut(&'a E::Key))
+    where
+        E::Value: PartialEq,
+    {
+        diff_nodes(old.root.as_deref(), self.root.as_deref(), &mut changed);
+    }
 }
 
+/// Changing values in place: for maps whose entries hold the key apart from the value.
 impl<K: Hash + Ord + Clone, V: Clone> HashTrie<K, V> {
     /// The stored key and a mutable value, copying the path to it where it is shared.
     pub fn get_key_value_mut<Q>(&mut self, key: &Q) -> Option<(&K, &mut V)>
@@ -223,8 +299,8 @@ impl<K: Hash + Ord + Clone, V: Clone> HashTrie<K, V> {
                 }
                 Node::Leaf(entries) => {
                     let i = find(entries, hash, key).ok()?;
-                    let slot = &mut entries[i];
-                    return Some((&slot.key, &mut slot.value));
+                    let (k, v) = &mut entries[i].entry;
+                    return Some((&*k, v));
                 }
             }
         }
@@ -237,48 +313,9 @@ impl<K: Hash + Ord + Clone, V: Clone> HashTrie<K, V> {
     {
         self.get_key_value_mut(key).map(|(_, v)| v)
     }
-
-    /// Sets `key` to `value`; returns the value it replaces.
-    pub fn insert(&mut self, key: K, value: V) -> Option<V> {
-        let hash = hash_of(&key);
-        let root = self
-            .root
-            .get_or_insert_with(|| Arc::new(Node::Leaf(Vec::new())));
-        let old = insert_at(Arc::make_mut(root), hash, 0, key, value);
-        if old.is_none() {
-            self.len += 1;
-        }
-        old
-    }
-
-    /// Removes `key`; returns its value.
-    pub fn remove<Q>(&mut self, key: &Q) -> Option<V>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Ord + ?Sized,
-    {
-        // Look first, so a miss copies nothing.
-        self.get_key_value(key)?;
-        let hash = hash_of(key);
-        let root = self.root.as_mut()?;
-        let (old, empty) = remove_at(Arc::make_mut(root), hash, 0, key);
-        if empty {
-            self.root = None;
-        }
-        if old.is_some() {
-            self.len -= 1;
-        }
-        old
-    }
 }
 
-fn insert_at<K: Hash + Ord + Clone, V: Clone>(
-    node: &mut Node<K, V>,
-    hash: u64,
-    depth: u32,
-    key: K,
-    value: V,
-) -> Option<V> {
+fn insert_at<E: Entry>(node: &mut Node<E>, hash: u64, depth: u32, entry: E) -> Option<E::Value> {
     match node {
         Node::Branch { bitmap, children } => {
             let bit = chunk(hash, depth);
@@ -288,16 +325,15 @@ fn insert_at<K: Hash + Ord + Clone, V: Clone>(
                 children.reserve_exact(1);
                 let slot = Slot {
                     hash: hash as u32,
-                    key,
-                    value,
+                    entry,
                 };
                 children.insert(i, Arc::new(Node::Leaf(vec![slot])));
                 return None;
             }
-            insert_at(Arc::make_mut(&mut children[i]), hash, depth + 1, key, value)
+            insert_at(Arc::make_mut(&mut children[i]), hash, depth + 1, entry)
         }
-        Node::Leaf(entries) => match find(entries, hash, &key) {
-            Ok(i) => Some(std::mem::replace(&mut entries[i].value, value)),
+        Node::Leaf(entries) => match find(entries, hash, entry.key()) {
+            Ok(i) => Some(std::mem::replace(&mut entries[i].entry, entry).into_value()),
             Err(i) => {
                 if entries.len() < LEAF_MAX || depth >= MAX_DEPTH {
                     if entries.len() == entries.capacity() {
@@ -305,29 +341,28 @@ fn insert_at<K: Hash + Ord + Clone, V: Clone>(
                     }
                     let slot = Slot {
                         hash: hash as u32,
-                        key,
-                        value,
+                        entry,
                     };
                     entries.insert(i, slot);
                     return None;
                 }
                 *node = split(std::mem::take(entries), depth);
-                insert_at(node, hash, depth, key, value)
+                insert_at(node, hash, depth, entry)
             }
         },
     }
 }
 
 /// A full leaf at `depth` as a branch of leaves on the hash bits of that depth.
-fn split<K: Hash + Ord, V>(entries: Vec<Slot<K, V>>, depth: u32) -> Node<K, V> {
-    let mut buckets: Vec<(u32, Vec<Slot<K, V>>)> = Vec::new();
+fn split<E: Entry>(entries: Vec<Slot<E>>, depth: u32) -> Node<E> {
+    let mut buckets: Vec<(u32, Vec<Slot<E>>)> = Vec::new();
     // Entries stay sorted within each bucket: they are visited in order.
     for slot in entries {
         // Below 32 bits the stored hash has the bits; deeper levels hash the key again.
         let hash = if (depth + 1) * BITS <= 32 {
             u64::from(slot.hash)
         } else {
-            hash_of(&slot.key)
+            hash_of(slot.entry.key())
         };
         let bit = chunk(hash, depth);
         match buckets.iter_mut().find(|(b, _)| *b == bit) {
@@ -347,10 +382,14 @@ fn split<K: Hash + Ord, V>(entries: Vec<Slot<K, V>>, depth: u32) -> Node<K, V> {
 }
 
 /// Removes `key` below `node`; returns its value and whether `node` is now empty.
-fn remove_at<K, V, Q>(node: &mut Node<K, V>, hash: u64, depth: u32, key: &Q) -> (Option<V>, bool)
+fn remove_at<E: Entry, Q>(
+    node: &mut Node<E>,
+    hash: u64,
+    depth: u32,
+    key: &Q,
+) -> (Option<E::Value>, bool)
 where
-    K: Hash + Ord + Clone + Borrow<Q>,
-    V: Clone,
+    E::Key: Borrow<Q>,
     Q: Ord + ?Sized,
 {
     match node {
@@ -374,30 +413,20 @@ where
                 if entries.capacity() - entries.len() > GROW {
                     entries.shrink_to_fit();
                 }
-                (Some(slot.value), entries.is_empty())
+                (Some(slot.entry.into_value()), entries.is_empty())
             }
             Err(_) => (None, entries.is_empty()),
         },
     }
 }
 
-impl<K: Hash + Ord + Clone, V: Clone> HashTrie<K, V> {
-    /// Calls `changed(key)` for every key whose value differs between `old` and `self` (present
-    /// in one only, or with unequal values), skipping the subtrees the two maps share (every
-    /// map in the process hashes alike, so equal keys sit at equal places).
-    pub fn diff<'a>(&'a self, old: &'a Self, mut changed: impl FnMut(&'a K))
-    where
-        V: PartialEq,
-    {
-        diff_nodes(old.root.as_deref(), self.root.as_deref(), &mut changed);
-    }
-}
-
-fn diff_nodes<'a, K: Ord, V: PartialEq>(
-    old: Option<&'a Node<K, V>>,
-    new: Option<&'a Node<K, V>>,
-    changed: &mut impl FnMut(&'a K),
-) {
+fn diff_nodes<'a, E: Entry>(
+    old: Option<&'a Node<E>>,
+    new: Option<&'a Node<E>>,
+    changed: &mut impl FnMut(&'a E::Key),
+) where
+    E::Value: PartialEq,
+{
     match (old, new) {
         (None, None) => {}
         (Some(a), Some(b)) if std::ptr::eq(a, b) => {}
@@ -419,38 +448,38 @@ fn diff_nodes<'a, K: Ord, V: PartialEq>(
         }
         (old, new) => {
             // Different shapes (or leaves): compare the sorted entries of each side.
-            let mut a: Vec<(&'a K, &'a V)> = Vec::new();
-            let mut b: Vec<(&'a K, &'a V)> = Vec::new();
+            let mut a: Vec<&'a E> = Vec::new();
+            let mut b: Vec<&'a E> = Vec::new();
             collect(old, &mut a);
             collect(new, &mut b);
-            a.sort_by(|x, y| x.0.cmp(y.0));
-            b.sort_by(|x, y| x.0.cmp(y.0));
+            a.sort_by(|x, y| x.key().cmp(y.key()));
+            b.sort_by(|x, y| x.key().cmp(y.key()));
             let (mut i, mut j) = (0, 0);
-            while i < a.len() || j < b.len() {
+            loop {
                 match (a.get(i), b.get(j)) {
-                    (Some(x), Some(y)) => match x.0.cmp(y.0) {
+                    (Some(x), Some(y)) => match x.key().cmp(y.key()) {
                         std::cmp::Ordering::Less => {
-                            changed(x.0);
+                            changed(x.key());
                             i += 1;
                         }
                         std::cmp::Ordering::Greater => {
-                            changed(y.0);
+                            changed(y.key());
                             j += 1;
                         }
                         std::cmp::Ordering::Equal => {
-                            if x.1 != y.1 {
-                                changed(y.0);
+                            if x.value() != y.value() {
+                                changed(y.key());
                             }
                             i += 1;
                             j += 1;
                         }
                     },
                     (Some(x), None) => {
-                        changed(x.0);
+                        changed(x.key());
                         i += 1;
                     }
                     (None, Some(y)) => {
-                        changed(y.0);
+                        changed(y.key());
                         j += 1;
                     }
                     (None, None) => break,
@@ -460,10 +489,10 @@ fn diff_nodes<'a, K: Ord, V: PartialEq>(
     }
 }
 
-fn collect<'a, K, V>(node: Option<&'a Node<K, V>>, out: &mut Vec<(&'a K, &'a V)>) {
+fn collect<'a, E>(node: Option<&'a Node<E>>, out: &mut Vec<&'a E>) {
     match node {
         None => {}
-        Some(Node::Leaf(entries)) => out.extend(entries.iter().map(|s| (&s.key, &s.value))),
+        Some(Node::Leaf(entries)) => out.extend(entries.iter().map(|s| &s.entry)),
         Some(Node::Branch { children, .. }) => {
             for child in children {
                 collect(Some(child), out);
@@ -472,15 +501,15 @@ fn collect<'a, K, V>(node: Option<&'a Node<K, V>>, out: &mut Vec<(&'a K, &'a V)>
     }
 }
 
-/// Iterates a [`HashTrie`] depth first.
-pub struct Iter<'a, K, V> {
-    stack: Vec<std::slice::Iter<'a, Arc<Node<K, V>>>>,
-    leaf: std::slice::Iter<'a, Slot<K, V>>,
-    root: Option<&'a Node<K, V>>,
+/// Iterates a [`Trie`] depth first.
+pub struct Iter<'a, E> {
+    stack: Vec<std::slice::Iter<'a, Arc<Node<E>>>>,
+    leaf: std::slice::Iter<'a, Slot<E>>,
+    root: Option<&'a Node<E>>,
 }
 
-impl<'a, K, V> Iter<'a, K, V> {
-    fn enter(&mut self, node: &'a Node<K, V>) {
+impl<'a, E> Iter<'a, E> {
+    fn enter(&mut self, node: &'a Node<E>) {
         match node {
             Node::Branch { children, .. } => self.stack.push(children.iter()),
             Node::Leaf(entries) => self.leaf = entries.iter(),
@@ -488,8 +517,8 @@ impl<'a, K, V> Iter<'a, K, V> {
     }
 }
 
-impl<'a, K, V> Iterator for Iter<'a, K, V> {
-    type Item = (&'a K, &'a V);
+impl<'a, E: Entry> Iterator for Iter<'a, E> {
+    type Item = (&'a E::Key, &'a E::Value);
 
     fn next(&mut self) -> Option<Self::Item> {
         if let Some(root) = self.root.take() {
@@ -497,7 +526,7 @@ impl<'a, K, V> Iterator for Iter<'a, K, V> {
         }
         loop {
             if let Some(slot) = self.leaf.next() {
-                return Some((&slot.key, &slot.value));
+                return Some((slot.entry.key(), slot.entry.value()));
             }
             let next = self.stack.last_mut()?.next();
             match next {
@@ -510,54 +539,61 @@ impl<'a, K, V> Iterator for Iter<'a, K, V> {
     }
 }
 
-impl<'a, K, V> IntoIterator for &'a HashTrie<K, V> {
-    type Item = (&'a K, &'a V);
-    type IntoIter = Iter<'a, K, V>;
+impl<'a, E: Entry> IntoIterator for &'a Trie<E> {
+    type Item = (&'a E::Key, &'a E::Value);
+    type IntoIter = Iter<'a, E>;
 
     fn into_iter(self) -> Self::IntoIter {
         self.iter()
     }
 }
 
-impl<K: Hash + Ord + Clone, V: Clone> FromIterator<(K, V)> for HashTrie<K, V> {
-    fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
-        let mut map = HashTrie::new();
+impl<E: Entry> FromIterator<(E::Key, E::Value)> for Trie<E> {
+    fn from_iter<I: IntoIterator<Item = (E::Key, E::Value)>>(iter: I) -> Self {
+        let mut map = Trie::new();
         map.extend(iter);
         map
     }
 }
 
-impl<K: Hash + Ord + Clone, V: Clone> Extend<(K, V)> for HashTrie<K, V> {
-    fn extend<I: IntoIterator<Item = (K, V)>>(&mut self, iter: I) {
+impl<E: Entry> Extend<(E::Key, E::Value)> for Trie<E> {
+    fn extend<I: IntoIterator<Item = (E::Key, E::Value)>>(&mut self, iter: I) {
         for (k, v) in iter {
             self.insert(k, v);
         }
     }
 }
 
-impl<K, V, Q> std::ops::Index<&Q> for HashTrie<K, V>
+impl<E: Entry, Q> std::ops::Index<&Q> for Trie<E>
 where
-    K: Hash + Ord + Borrow<Q>,
+    E::Key: Borrow<Q>,
     Q: Hash + Ord + ?Sized,
 {
-    type Output = V;
+    type Output = E::Value;
 
     /// The value at `key`; panics if there is none.
-    fn index(&self, key: &Q) -> &V {
-        self.get(key).expect("HashTrie: no entry for key")
+    fn index(&self, key: &Q) -> &E::Value {
+        self.get(key).expect("Trie: no entry for key")
     }
 }
 
-impl<K: Hash + Ord, V: PartialEq> PartialEq for HashTrie<K, V> {
+impl<E: Entry> PartialEq for Trie<E>
+where
+    E::Value: PartialEq,
+{
     fn eq(&self, other: &Self) -> bool {
         self.len == other.len
             && (self.ptr_eq(other) || self.iter().all(|(k, v)| other.get(k) == Some(v)))
     }
 }
 
-impl<K: Hash + Ord, V: Eq> Eq for HashTrie<K, V> {}
+impl<E: Entry> Eq for Trie<E> where E::Value: Eq {}
 
-impl<K: fmt::Debug, V: fmt::Debug> fmt::Debug for HashTrie<K, V> {
+impl<E: Entry> fmt::Debug for Trie<E>
+where
+    E::Key: fmt::Debug,
+    E::Value: fmt::Debug,
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_map().entries(self.iter()).finish()
     }
@@ -684,7 +720,7 @@ mod tests {
     #[test]
     fn leaves_stay_within_their_bound() {
         let trie: HashTrie<u32, ()> = (0..100_000).map(|i| (i, ())).collect();
-        fn check(node: &Node<u32, ()>) -> usize {
+        fn check(node: &Node<(u32, ())>) -> usize {
             match node {
                 Node::Branch { bitmap, children } => {
                     assert_eq!(bitmap.count_ones() as usize, children.len());
@@ -695,7 +731,7 @@ mod tests {
                     assert!(
                         entries
                             .windows(2)
-                            .all(|w| (w[0].hash, w[0].key) < (w[1].hash, w[1].key))
+                            .all(|w| (w[0].hash, w[0].entry.0) < (w[1].hash, w[1].entry.0))
                     );
                     entries.len()
                 }
