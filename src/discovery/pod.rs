@@ -348,20 +348,29 @@ impl Pod {
         }
     }
 
+    #[cfg(test)]
     fn width(&self) -> usize {
         usize::from(self.data.as_bytes()[0])
     }
 
     /// Small number `i`.
     fn small(&self, i: usize) -> usize {
-        let width = self.width();
-        seven_bits(&self.data.as_bytes()[1 + i * width..1 + (i + 1) * width])
+        let bytes = self.data.as_bytes();
+        match bytes[0] {
+            // Nearly every pod: one byte each.
+            1 => usize::from(bytes[1 + i]),
+            width => {
+                let width = usize::from(width);
+                seven_bits(&bytes[1 + i * width..1 + (i + 1) * width])
+            }
+        }
     }
 
     /// Big number `i`.
     fn big(&self, i: usize) -> u32 {
         let at = self.small(BIG_START) + i * BIG;
-        seven_bits(&self.data.as_bytes()[at..at + BIG]) as u32
+        let b = &self.data.as_bytes()[at..at + BIG];
+        u32::from(b[0]) | u32::from(b[1]) << 7 | u32::from(b[2]) << 14
     }
 
     /// How many big numbers there are.
