@@ -28,10 +28,21 @@ pub struct Labels {
 /// The widest head number: four bytes of seven bits, so a map of 256 MiB at most.
 const MAX_WIDTH: usize = 4;
 
-fn put_word(out: &mut String, n: usize, width: usize) {
+/// `n` as `width` bytes of seven bits, low first: ASCII, so a buffer of numbers and text stays
+/// a `str` (here and in [`crate::discovery::pod::Pod`]).
+pub(crate) fn put_seven_bits(out: &mut String, n: usize, width: usize) {
+    debug_assert!(n < 1 << (7 * width));
     for i in 0..width {
         out.push(char::from(((n >> (7 * i)) & 0x7f) as u8));
     }
+}
+
+/// The number [`put_seven_bits`] wrote into `bytes`.
+pub(crate) fn seven_bits(bytes: &[u8]) -> usize {
+    bytes
+        .iter()
+        .enumerate()
+        .fold(0, |n, (j, byte)| n | (usize::from(*byte) << (7 * j)))
 }
 
 impl Labels {
@@ -45,10 +56,7 @@ impl Labels {
 
     fn word(&self, i: usize) -> usize {
         let width = self.width();
-        let b = &self.text.as_bytes()[1 + i * width..1 + (i + 1) * width];
-        b.iter()
-            .enumerate()
-            .fold(0, |n, (j, byte)| n | (usize::from(*byte) << (7 * j)))
+        seven_bits(&self.text.as_bytes()[1 + i * width..1 + (i + 1) * width])
     }
 
     /// Number of entries.
@@ -166,13 +174,13 @@ impl Labels {
         let size = head(width) + content;
         let mut text = String::with_capacity(size);
         text.push(char::from(width as u8));
-        put_word(&mut text, entries.len(), width);
+        put_seven_bits(&mut text, entries.len(), width);
         let mut end = head(width);
         for (k, v) in entries {
             end += k.len();
-            put_word(&mut text, end, width);
+            put_seven_bits(&mut text, end, width);
             end += v.len();
-            put_word(&mut text, end, width);
+            put_seven_bits(&mut text, end, width);
         }
         for (k, v) in entries {
             text.push_str(k);

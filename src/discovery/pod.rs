@@ -11,7 +11,7 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::discovery::labels::Labels;
+use crate::discovery::labels::{Labels, put_seven_bits, seven_bits};
 use crate::discovery::model::Protocol;
 
 /// A Kubernetes `metadata.uid`, borrowed from a [`Pod`] or a resource: the 16 bytes of a UUID
@@ -555,22 +555,6 @@ impl From<PodFields> for Pod {
             data: data.into_boxed_str(),
         }
     }
-}
-
-/// `n` as `width` bytes of seven bits, low first (ASCII, so the buffer stays a `str`).
-fn put_seven_bits(out: &mut String, n: usize, width: usize) {
-    debug_assert!(n < 1 << (7 * width));
-    for i in 0..width {
-        out.push(char::from(((n >> (7 * i)) & 0x7f) as u8));
-    }
-}
-
-/// The number `put_seven_bits` wrote into `bytes`.
-fn seven_bits(bytes: &[u8]) -> usize {
-    bytes
-        .iter()
-        .enumerate()
-        .fold(0, |n, (j, byte)| n | (usize::from(*byte) << (7 * j)))
 }
 
 /// A pod's IPs, in order.
