@@ -22,6 +22,7 @@ pub mod snapshot;
 pub mod status;
 pub mod store;
 pub mod trie;
+pub mod uid;
 pub mod waypoint;
 pub mod workload;
 

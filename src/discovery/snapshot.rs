@@ -12,8 +12,8 @@ use prost::Message;
 
 use crate::discovery::authorization::PolicyStatus;
 use crate::discovery::names::TypeKind;
-use crate::discovery::pod::Uid;
 use crate::discovery::status::{DesiredStatus, StatusTarget};
+use crate::discovery::uid::Uid;
 use crate::pb::google::protobuf::Any;
 
 /// A resource's version: the xxhash64 of its encoded value. Kept as the number (8 bytes, no
