@@ -37,12 +37,20 @@ pub(crate) fn put_seven_bits(out: &mut String, n: usize, width: usize) {
     }
 }
 
-/// The number [`put_seven_bits`] wrote into `bytes`.
-pub(crate) fn seven_bits(bytes: &[u8]) -> usize {
-    bytes
-        .iter()
-        .enumerate()
-        .fold(0, |n, (j, byte)| n | (usize::from(*byte) << (7 * j)))
+/// Number `i` of a buffer that starts with a width byte `w` followed by numbers that
+/// [`put_seven_bits`] wrote `w` bytes each (a `Labels` and a `Pod` head).
+pub(crate) fn head_number(buf: &[u8], i: usize) -> usize {
+    match buf[0] {
+        // Nearly every map and pod: one byte each.
+        1 => usize::from(buf[1 + i]),
+        width => {
+            let width = usize::from(width);
+            buf[1 + i * width..1 + (i + 1) * width]
+                .iter()
+                .enumerate()
+                .fold(0, |n, (j, byte)| n | (usize::from(*byte) << (7 * j)))
+        }
+    }
 }
 
 impl Labels {
@@ -55,8 +63,7 @@ impl Labels {
     }
 
     fn word(&self, i: usize) -> usize {
-        let width = self.width();
-        seven_bits(&self.text.as_bytes()[1 + i * width..1 + (i + 1) * width])
+        head_number(self.text.as_bytes(), i)
     }
 
     /// Number of entries.

@@ -11,7 +11,7 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::discovery::labels::{Labels, put_seven_bits, seven_bits};
+use crate::discovery::labels::{Labels, head_number, put_seven_bits};
 use crate::discovery::model::Protocol;
 pub use crate::discovery::uid::Uid;
 
@@ -292,15 +292,7 @@ impl Pod {
 
     /// Small number `i`.
     fn small(&self, i: usize) -> usize {
-        let bytes = self.data.as_bytes();
-        match bytes[0] {
-            // Nearly every pod: one byte each.
-            1 => usize::from(bytes[1 + i]),
-            width => {
-                let width = usize::from(width);
-                seven_bits(&bytes[1 + i * width..1 + (i + 1) * width])
-            }
-        }
+        head_number(self.data.as_bytes(), i)
     }
 
     /// Big number `i`.
