@@ -171,7 +171,7 @@ pub(super) struct Breakdown {
     pub(super) decode: Duration,
     pub(super) index: Duration,
     pub(super) snapshot: Duration,
-    /// `Index::reset` time per kind, in load order.
+    /// `Index::apply` time per kind (its whole first list), in load order.
     pub(super) kinds: [(Kind, Duration); 5],
 }
 
@@ -181,8 +181,14 @@ impl Breakdown {
     }
 }
 
-/// Raw JSON bytes -> decoded objects, as the Kubernetes source does (parse: the watcher's
-/// `WatchedObject`; decode: `kinds::reduce`) -> `Index` (every resource encoded) -> snapshot.
+/// Objects per list page: kube's watcher lists in pages of 500 and decodes a page at a time.
+pub(super) const PAGE: usize = 500;
+
+/// Raw JSON bytes -> decoded objects -> `Index` (every resource encoded) -> snapshot, as the
+/// Kubernetes source does a cold start: each kind's first list in load order, a page of
+/// [`PAGE`] objects parsed at a time (parse: the watcher's `WatchedObject`), and each object
+/// reduced (decode: `kinds::reduce`) and applied as it arrives; the snapshot is published once
+/// every kind is listed. `docs` are in load order.
 pub(super) fn build(docs: &[(Kind, Vec<u8>)]) -> (Index, Arc<Snapshot>, Breakdown) {
     let mut b = Breakdown {
         parse: Duration::ZERO,
@@ -191,39 +197,44 @@ pub(super) fn build(docs: &[(Kind, Vec<u8>)]) -> (Index, Arc<Snapshot>, Breakdow
         snapshot: Duration::ZERO,
         kinds: [(Kind::Namespace, Duration::ZERO); 5],
     };
-    let t = Instant::now();
-    let parsed: Vec<(Kind, WatchedObject)> = docs
-        .iter()
-        .map(|(kind, d)| (*kind, serde_json::from_slice(d).expect("parse")))
-        .collect();
-    b.parse = t.elapsed();
-    let t = Instant::now();
     let watched = watched_kinds();
-    let mut by_kind: BTreeMap<usize, (Kind, Vec<Object>)> = BTreeMap::new();
-    for (kind, parsed) in parsed {
-        let how = watched.iter().find(|w| w.kind == kind).expect("watched");
-        let object = match reduce(how, parsed) {
-            Reduced::Object(object) => object,
-            Reduced::Invalid(_, error) => panic!("synthetic object did not decode: {error}"),
-        };
-        let order = Kind::ALL.iter().position(|k| *k == kind).unwrap_or(99);
-        by_kind
-            .entry(order)
-            .or_insert_with(|| (kind, Vec::new()))
-            .1
-            .push(object);
-    }
-    b.decode = t.elapsed();
-    let t = Instant::now();
     let mut index = Index::new(Settings::default());
-    for (slot, (_, (kind, objects))) in by_kind.into_iter().enumerate() {
-        let t = Instant::now();
-        index.reset(kind, objects);
-        if let Some(k) = b.kinds.get_mut(slot) {
-            *k = (kind, t.elapsed());
+    let mut slot = 0;
+    let mut rest = docs;
+    while let Some((kind, _)) = rest.first() {
+        let kind = *kind;
+        let len = rest.iter().take_while(|(k, _)| *k == kind).count();
+        let (list, after) = rest.split_at(len);
+        rest = after;
+        let how = watched.iter().find(|w| w.kind == kind).expect("watched");
+        let mut applying = Duration::ZERO;
+        for page in list.chunks(PAGE) {
+            let t = Instant::now();
+            let parsed: Vec<WatchedObject> = page
+                .iter()
+                .map(|(_, d)| serde_json::from_slice(d).expect("parse"))
+                .collect();
+            b.parse += t.elapsed();
+            for parsed in parsed {
+                let t = Instant::now();
+                let object = match reduce(how, parsed) {
+                    Reduced::Object(object) => object,
+                    Reduced::Invalid(_, error) => {
+                        panic!("synthetic object did not decode: {error}")
+                    }
+                };
+                let t2 = Instant::now();
+                b.decode += t2 - t;
+                index.apply(object);
+                applying += t2.elapsed();
+            }
         }
+        b.index += applying;
+        if let Some(k) = b.kinds.get_mut(slot) {
+            *k = (kind, applying);
+        }
+        slot += 1;
     }
-    b.index = t.elapsed();
     let t = Instant::now();
     let snapshot = index.snapshot();
     b.snapshot = t.elapsed();
