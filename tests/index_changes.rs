@@ -4,7 +4,7 @@
 mod index_support;
 
 use ambientd::discovery::model::{Event, Kind, ObjectRef};
-use ambientd::discovery::snapshot::HISTORY;
+use ambientd::discovery::snapshot::{HISTORY, MIN_HISTORY_NAMES};
 use ambientd::discovery::{Changes, Index, Object, Settings};
 use index_support::*;
 
@@ -509,4 +509,34 @@ fn changes_since_is_none_once_history_is_exceeded() {
     assert_eq!(snapshot.changes_since(generation), Some(Changes::default()));
     let recent = snapshot.changes_since(generation - 2).unwrap();
     assert!(recent.addresses.upserted.contains(uid(NS, "a").as_str()));
+}
+
+#[test]
+fn a_step_larger_than_the_history_budget_leaves_no_history() {
+    let mut index = Index::new(Settings::default());
+    index.apply(Object::Pod(pod(NS, "a", "10.0.0.1").into()));
+    let before = index.snapshot();
+    // One step that adds more names than the budget allows (the initial build of a big mesh).
+    let pods = MIN_HISTORY_NAMES + 10;
+    for i in 0..pods {
+        let ip = format!("10.1.{}.{}", i / 250, i % 250);
+        index.apply(Object::Pod(pod(NS, &format!("p{i}"), &ip).into()));
+    }
+    let big = index.snapshot();
+    assert_eq!(big.addresses.len(), pods + 1);
+    assert!(big.history.is_empty(), "{} entries kept", big.history.len());
+    // A client at the step before compares snapshots; one at this step has nothing to do.
+    assert_eq!(big.changes_since(before.generation), None);
+    assert_eq!(big.status_changes_since(before.generation), None);
+    assert_eq!(big.changes_since(big.generation), Some(Changes::default()));
+
+    // Ordinary steps after it are kept again, and reach back to the big one.
+    index.apply(Object::Pod(pod(NS, "a", "10.0.0.2").into()));
+    let next = index.snapshot();
+    assert_eq!(next.history.len(), 1);
+    let changes = next
+        .changes_since(big.generation)
+        .expect("history covers it");
+    assert_eq!(changes.addresses.upserted, set(&[uid(NS, "a")]));
+    assert_eq!(next.changes_since(before.generation), None);
 }

@@ -20,6 +20,7 @@ use ambientd::discovery::model::{
     PeerAuthentication, PodFields, Resolution, Service, ServiceEntry, SliceEndpoint,
 };
 use ambientd::discovery::peer_authentication::MtlsMode;
+use ambientd::discovery::snapshot::Names;
 use ambientd::discovery::status::{DesiredStatus, StatusTarget};
 use ambientd::discovery::{Changes, Index, Object, Settings, Snapshot};
 use index_support::*;
@@ -488,25 +489,26 @@ struct Observed {
     authorizations: BTreeMap<String, String>,
     aliases: BTreeMap<String, BTreeSet<String>>,
     members: BTreeMap<String, BTreeSet<String>>,
+    by_node: BTreeMap<String, BTreeSet<String>>,
     policy_status: BTreeMap<String, PolicyStatus>,
     statuses: BTreeMap<StatusTarget, DesiredStatus>,
 }
 
 fn observed(s: &Snapshot) -> Observed {
-    let flat = |m: &ambientd::discovery::snapshot::PersistentMap<Name, imbl::OrdSet<Name>>| {
+    let flat = |m: &ambientd::discovery::snapshot::PersistentMap<Name, Names>| {
         m.iter()
-            .map(|(k, v)| (k.to_string(), v.iter().map(|n| n.to_string()).collect()))
+            .map(|(k, v)| {
+                assert!(v.is_sorted() && !v.is_empty(), "{k}: {v:?}");
+                (k.to_string(), v.iter().map(|n| n.to_string()).collect())
+            })
             .collect()
     };
     Observed {
         addresses: versions(s),
         authorizations: authorization_versions(s),
-        aliases: s
-            .aliases
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.iter().map(|n| n.to_string()).collect()))
-            .collect(),
+        aliases: flat(&s.aliases),
         members: flat(&s.members),
+        by_node: flat(&s.by_node),
         policy_status: s
             .policy_status
             .iter()

@@ -300,6 +300,12 @@ impl Changes {
         self.addresses.is_empty() && self.authorizations.is_empty() && self.statuses.is_empty()
     }
 
+    /// How many names (and status targets) it holds.
+    pub fn len(&self) -> usize {
+        let names = |t: &TypeChanges| t.upserted.len() + t.removed.len();
+        names(&self.addresses) + names(&self.authorizations) + self.statuses.len()
+    }
+
     pub fn merge(&mut self, later: &Changes) {
         self.addresses.merge(&later.addresses);
         self.authorizations.merge(&later.authorizations);
@@ -345,6 +351,15 @@ impl std::ops::Deref for Names {
     }
 }
 
+impl<'a> IntoIterator for &'a Names {
+    type Item = &'a Name;
+    type IntoIter = std::slice::Iter<'a, Name>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
 impl From<Vec<Name>> for Names {
     fn from(mut names: Vec<Name>) -> Self {
         match names.len() {
@@ -385,6 +400,10 @@ impl crate::discovery::trie::Entry for Arc<Resource> {
 /// can still catch up by names instead of a full diff.
 pub const HISTORY: usize = 64;
 
+/// The least number of names the history may hold (it may hold an eighth of the resources'
+/// count when that is more). A step that touches more leaves no history behind it.
+pub const MIN_HISTORY_NAMES: usize = 4096;
+
 /// An immutable view of every resource, cheap to clone and share.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
@@ -397,9 +416,9 @@ pub struct Snapshot {
     /// name allocates a node of sixteen).
     pub aliases: PersistentMap<Name, Names>,
     /// Service name (`ns/hostname`) -> uids of workloads whose services map holds it.
-    pub members: PersistentMap<Name, imbl::OrdSet<Name>>,
+    pub members: PersistentMap<Name, Names>,
     /// Node name -> the workloads on it.
-    pub by_node: PersistentMap<Name, imbl::OrdSet<Name>>,
+    pub by_node: PersistentMap<Name, Names>,
     /// `(generation, changes that produced it)`, oldest first, at most [`HISTORY`] entries.
     pub history: imbl::Vector<(u64, Arc<Changes>)>,
     /// The `ZtunnelAccepted` condition of each AuthorizationPolicy, by `ns/name`.
@@ -492,7 +511,7 @@ impl Snapshot {
             return names;
         };
         let mut waypoints = BTreeSet::new();
-        for uid in local {
+        for uid in local.iter() {
             let Some(workload) = self.addresses.get(uid) else {
                 continue;
             };

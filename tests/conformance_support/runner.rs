@@ -415,13 +415,18 @@ impl Run {
         for (index, a, b) in [
             (
                 "aliases",
-                sorted(incremental.aliases.iter().map(|(k, v)| (k, &**v))),
-                sorted(fresh.aliases.iter().map(|(k, v)| (k, &**v))),
+                sorted(incremental.aliases.iter()),
+                sorted(fresh.aliases.iter()),
             ),
             (
                 "members",
                 sorted(incremental.members.iter()),
                 sorted(fresh.members.iter()),
+            ),
+            (
+                "by_node",
+                sorted(incremental.by_node.iter()),
+                sorted(fresh.by_node.iter()),
             ),
         ] {
             let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();

@@ -16,7 +16,8 @@ use crate::discovery::authorization::{PolicyStatus, REVISION_LABEL};
 use crate::discovery::model::{Event, Kind, Object, ObjectRef};
 use crate::discovery::names::{TypeKind, pod_uid};
 use crate::discovery::snapshot::{
-    Changes, HISTORY, Name, Names, PersistentMap, Resource, ResourceMap, Snapshot,
+    Changes, HISTORY, MIN_HISTORY_NAMES, Name, Names, PersistentMap, Resource, ResourceMap,
+    Snapshot,
 };
 use crate::discovery::status::{DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::store::{Key, Store};
@@ -86,8 +87,8 @@ pub struct Index {
     addresses: ResourceMap,
     authorizations: ResourceMap,
     aliases: PersistentMap<Name, Names>,
-    members: PersistentMap<Name, imbl::OrdSet<Name>>,
-    by_node: PersistentMap<Name, imbl::OrdSet<Name>>,
+    members: PersistentMap<Name, Names>,
+    by_node: PersistentMap<Name, Names>,
     /// Resource names each target produced last time, sorted (most targets produce one: a
     /// boxed slice, where a `BTreeSet` would allocate a node of eleven). Pods have no entry
     /// here nor in `owners`: a pod's only resource is named from its key.
@@ -103,7 +104,12 @@ pub struct Index {
     target_reads: HashMap<Target, Vec<Key>>,
     generation: u64,
     history: imbl::Vector<(u64, Arc<Changes>)>,
+    /// Names the history holds, over all its entries ([`Changes::len`]).
+    history_names: usize,
     unpublished: Changes,
+    /// The unpublished changes outgrew the history budget and were dropped: the next
+    /// snapshot leaves no history (the initial build of a big mesh never holds every name).
+    unpublished_overflow: bool,
     service_count: usize,
 }
 
@@ -125,7 +131,9 @@ impl Index {
             target_reads: HashMap::new(),
             generation: 0,
             history: imbl::Vector::new(),
+            history_names: 0,
             unpublished: Changes::default(),
+            unpublished_overflow: false,
             service_count: 0,
         }
     }
@@ -213,9 +221,25 @@ impl Index {
     pub fn snapshot(&mut self) -> Arc<Snapshot> {
         let changes = std::mem::take(&mut self.unpublished);
         self.generation += 1;
-        self.history.push_back((self.generation, Arc::new(changes)));
-        while self.history.len() > HISTORY {
-            self.history.pop_front();
+        if std::mem::take(&mut self.unpublished_overflow) {
+            // What changed is not known by name: no client behind this can catch up by names.
+            self.history.clear();
+            self.history_names = 0;
+        } else {
+            self.history_names += changes.len();
+            self.history.push_back((self.generation, Arc::new(changes)));
+        }
+        // At most HISTORY entries, and at most a budget of names: a change as large as the
+        // initial build (every name) would otherwise stay in memory until HISTORY more
+        // snapshots push it out, and a client that far behind is served as well by comparing
+        // snapshots. When even the newest entry is over the budget, the history is empty and
+        // every client behind this generation compares.
+        let budget = history_budget(self.addresses.len() + self.authorizations.len());
+        while self.history.len() > HISTORY || self.history_names > budget {
+            let Some((_, dropped)) = self.history.pop_front() else {
+                break;
+            };
+            self.history_names -= dropped.len();
         }
         Arc::new(Snapshot {
             generation: self.generation,
@@ -239,7 +263,7 @@ impl Index {
 
     /// Whether there are changes not yet published.
     pub fn has_unpublished(&self) -> bool {
-        !self.unpublished.is_empty()
+        self.unpublished_overflow || !self.unpublished.is_empty()
     }
 
     /// A copy of the stored object a reference names.
@@ -341,7 +365,14 @@ impl Index {
                 self.set_resource(name.0, &name.1, None, &mut changes);
             }
         }
-        self.unpublished.merge(&changes);
+        if !self.unpublished_overflow {
+            self.unpublished.merge(&changes);
+            let resources = self.addresses.len() + self.authorizations.len();
+            if self.unpublished.len() > history_budget(resources) {
+                self.unpublished = Changes::default();
+                self.unpublished_overflow = true;
+            }
+        }
         changes
     }
 
@@ -452,100 +483,104 @@ impl Index {
             }
             return;
         }
-        if let Some((key, old)) = &old {
-            self.service_count -= usize::from(old.is_service);
-            for alias in old.aliases() {
-                if let Some(names) = self.aliases.get(alias) {
-                    match names_without(names, key) {
-                        Some(names) => self.aliases.insert(alias.clone(), names),
-                        None => self.aliases.remove(alias),
-                    };
-                }
-            }
-            for svc in old.services() {
-                remove_from(&mut self.members, svc, key);
-            }
-            if let Some(node) = old.node() {
-                remove_from(&mut self.by_node, node, key);
-            }
-        }
         let changes = changes.of_mut(TypeKind::Address);
-        match (new, old) {
-            (Some(mut new), _) => {
-                let key = new.name.clone();
-                self.service_count += usize::from(new.is_service);
-                let (aliases, services, node) = new.shared_links_mut();
-                for alias in aliases {
-                    let names = names_with(self.aliases.get(&**alias), &key);
-                    *alias = insert_shared(&mut self.aliases, alias, names);
+        let Some(mut new) = new else {
+            if let Some((key, old)) = old {
+                self.service_count -= usize::from(old.is_service);
+                for alias in old.aliases() {
+                    remove_name(&mut self.aliases, alias, &key);
                 }
-                for svc in services {
-                    *svc = add_to(&mut self.members, svc, &key);
+                for svc in old.services() {
+                    remove_name(&mut self.members, svc, &key);
                 }
-                if let Some(node) = node {
-                    *node = add_to(&mut self.by_node, node, &key);
+                if let Some(node) = old.node() {
+                    remove_name(&mut self.by_node, node, &key);
                 }
-                self.addresses.insert(key.clone(), Arc::new(new));
-                changes.upsert(&key);
-            }
-            (None, Some((key, _))) => {
                 self.addresses.remove(&key);
                 changes.remove(&key);
             }
-            (None, None) => {}
+            return;
+        };
+        // Only the links that differ from the old resource's touch the indexes (a pod turning
+        // ready changes none), and a name that stays keeps its stored strings.
+        let key = match &old {
+            Some((key, old)) => {
+                self.service_count -= usize::from(old.is_service);
+                for alias in old.aliases().iter().filter(|a| !new.aliases().contains(a)) {
+                    remove_name(&mut self.aliases, alias, key);
+                }
+                for svc in old
+                    .services()
+                    .iter()
+                    .filter(|s| !new.services().contains(s))
+                {
+                    remove_name(&mut self.members, svc, key);
+                }
+                if let Some(node) = old.node().filter(|n| new.node() != Some(n)) {
+                    remove_name(&mut self.by_node, node, key);
+                }
+                key.clone()
+            }
+            None => new.name.clone(),
+        };
+        new.name = key.clone();
+        self.service_count += usize::from(new.is_service);
+        let (aliases, services, node) = new.shared_links_mut();
+        for alias in aliases {
+            *alias = add_name(&mut self.aliases, alias, &key);
         }
+        for svc in services {
+            *svc = add_name(&mut self.members, svc, &key);
+        }
+        if let Some(node) = node {
+            *node = add_name(&mut self.by_node, node, &key);
+        }
+        self.addresses.insert(key.clone(), Arc::new(new));
+        changes.upsert(&key);
     }
 }
 
-/// Sets `map[key] = value`, keeping the key already stored (one allocation for every resource
-/// that names it); returns that key.
-fn insert_shared<V: Clone>(map: &mut PersistentMap<Name, V>, key: &Name, value: V) -> Name {
-    match map.get_key_value_mut(&**key) {
-        Some((stored, slot)) => {
-            *slot = value;
-            stored.clone()
+/// Adds `name` to the sorted names at `key`, keeping the key already stored (one allocation
+/// for every resource that names it); returns that key. A name already there copies nothing.
+fn add_name(map: &mut PersistentMap<Name, Names>, key: &Name, name: &Name) -> Name {
+    match map.get_key_value(&**key) {
+        Some((stored, names)) => {
+            let stored = stored.clone();
+            if let Err(at) = names.binary_search(name) {
+                let mut more = Vec::with_capacity(names.len() + 1);
+                more.extend_from_slice(&names[..at]);
+                more.push(name.clone());
+                more.extend_from_slice(&names[at..]);
+                map.insert(stored.clone(), more.into());
+            }
+            stored
         }
         None => {
-            map.insert(key.clone(), value);
+            map.insert(key.clone(), Names::One(name.clone()));
             key.clone()
         }
     }
 }
 
-/// Adds `name` to the set at `key`, keeping the key already stored; returns that key.
-fn add_to(map: &mut PersistentMap<Name, imbl::OrdSet<Name>>, key: &Name, name: &Name) -> Name {
-    match map.get_key_value_mut(&**key) {
-        Some((stored, set)) => {
-            set.insert(name.clone());
-            stored.clone()
-        }
-        None => {
-            map.insert(key.clone(), imbl::OrdSet::unit(name.clone()));
-            key.clone()
-        }
+/// Removes `name` from the names at `key`, and the key with its last name.
+fn remove_name(map: &mut PersistentMap<Name, Names>, key: &str, name: &str) {
+    let Some(names) = map.get(key) else { return };
+    let Ok(at) = names.binary_search_by(|n| (**n).cmp(name)) else {
+        return;
+    };
+    if names.len() == 1 {
+        map.remove(key);
+        return;
+    }
+    let mut left = names.to_vec();
+    left.remove(at);
+    if let Some(names) = map.get_mut(key) {
+        *names = left.into();
     }
 }
 
-/// `names` (sorted) with `name` added.
-fn names_with(names: Option<&Names>, name: &Name) -> Names {
-    let mut names: Vec<Name> = names.map(|n| n.to_vec()).unwrap_or_default();
-    if let Err(i) = names.binary_search(name) {
-        names.insert(i, name.clone());
-    }
-    names.into()
-}
-
-/// `names` without `name`; `None` when nothing is left.
-fn names_without(names: &Names, name: &str) -> Option<Names> {
-    let left: Vec<Name> = names.iter().filter(|n| ***n != *name).cloned().collect();
-    (!left.is_empty()).then(|| left.into())
-}
-
-fn remove_from(map: &mut PersistentMap<Name, imbl::OrdSet<Name>>, key: &str, name: &str) {
-    if let Some(set) = map.get_mut(key) {
-        set.remove(name);
-        if set.is_empty() {
-            map.remove(key);
-        }
-    }
+/// How many names the change history may hold for `resources` resources: an eighth of them
+/// (about 5 B a resource at most), and never less than [`MIN_HISTORY_NAMES`].
+fn history_budget(resources: usize) -> usize {
+    (resources / 8).max(MIN_HISTORY_NAMES)
 }
