@@ -574,6 +574,10 @@ impl RawService {
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
+        // Collected through `Result`, the vectors grew by doubling: kept for the service's life.
+        let (mut cluster_ips, mut ports) = (cluster_ips, ports);
+        cluster_ips.shrink_to_fit();
+        ports.shrink_to_fit();
         // Not defaulted from the cluster IPs: istiod reads `spec.ipFamilies` as written, and
         // the API server always fills it in a real cluster.
         let ip_families = spec
