@@ -332,8 +332,8 @@ impl Changes {
 pub type PersistentMap<K, V> = crate::discovery::trie::HashTrie<K, V>;
 
 /// Resource names, sorted and unique, shared between snapshots: the names with one
-/// `network/ip`. Nearly always one, kept inline (a shared slice of one name cost a 32-byte
-/// allocation per pod).
+/// `network/ip`, and the workloads of one service or node. An address's are nearly always
+/// one, kept inline (a shared slice of one name cost a 32-byte allocation per pod).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Names {
     One(Name),
@@ -415,11 +415,14 @@ pub struct Snapshot {
     /// Usually one name each, so a sorted slice rather than a set (an `imbl::OrdSet` of one
     /// name allocates a node of sixteen).
     pub aliases: PersistentMap<Name, Names>,
-    /// Service name (`ns/hostname`) -> uids of workloads whose services map holds it.
+    /// Service name (`ns/hostname`) -> uids of workloads whose services map holds it. Sorted
+    /// shared slices: an `imbl::OrdSet` node is a fixed array, and a slice is copied only when a
+    /// workload joins or leaves (a pod turning ready touches none of these indexes).
     pub members: PersistentMap<Name, Names>,
     /// Node name -> the workloads on it.
     pub by_node: PersistentMap<Name, Names>,
-    /// `(generation, changes that produced it)`, oldest first, at most [`HISTORY`] entries.
+    /// `(generation, changes that produced it)`, oldest first, at most [`HISTORY`] entries and
+    /// [`MIN_HISTORY_NAMES`] or an eighth of the resources' count in names.
     pub history: imbl::Vector<(u64, Arc<Changes>)>,
     /// The `ZtunnelAccepted` condition of each AuthorizationPolicy, by `ns/name`.
     pub policy_status: PersistentMap<String, PolicyStatus>,
