@@ -849,4 +849,50 @@ mod tests {
             assert!((0..size).all(|i| trie.contains_key(&i) != i.is_multiple_of(3)));
         }
     }
+
+    /// Checks a branch's ranges: bit 0 set, one child per set bit, none empty.
+    fn check_shape<E>(node: &Node<E>) {
+        if let Node::Branch { bitmap, children } = node {
+            assert_eq!(bitmap & 1, 1, "the first range starts at bucket 0");
+            assert_eq!(bitmap.count_ones() as usize, children.len());
+            for child in children {
+                match &**child {
+                    Node::Leaf(entries) => assert!(!entries.is_empty()),
+                    branch => check_shape(branch),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn removing_whole_ranges_hands_their_buckets_to_a_neighbour() {
+        let mut trie: HashTrie<u32, u32> = (0..3_000).map(|i| (i, i)).collect();
+        // In iteration (hash) order, so the first and then the middle children empty whole.
+        let order: Vec<u32> = trie.keys().copied().collect();
+        let (first, rest) = order.split_at(600);
+        let (middle, _) = rest.split_at(900);
+        for k in first.iter().chain(&middle[300..]) {
+            assert_eq!(trie.remove(k), Some(*k));
+        }
+        check_shape(trie.root.as_ref().unwrap());
+        let gone: std::collections::BTreeSet<u32> =
+            first.iter().chain(&middle[300..]).copied().collect();
+        for i in 0..3_000 {
+            assert_eq!(
+                trie.get(&i).copied(),
+                (!gone.contains(&i)).then_some(i),
+                "{i}"
+            );
+        }
+        // Keys of the emptied buckets go back in, into the neighbours that took them over.
+        for k in &gone {
+            assert_eq!(trie.insert(*k, *k + 1), None);
+        }
+        check_shape(trie.root.as_ref().unwrap());
+        assert_eq!(trie.len(), 3_000);
+        for i in 0..3_000 {
+            let want = if gone.contains(&i) { i + 1 } else { i };
+            assert_eq!(trie.get(&i), Some(&want));
+        }
+    }
 }
