@@ -260,7 +260,17 @@ fn spawn_scenario(name: &str, o: &Opts, limit: Duration) -> Vec<Row> {
     if o.quick {
         args.push("--quick".into());
     }
-    let mut child = match Command::new(exe).args(&args).stdout(Stdio::piped()).spawn() {
+    let mut command = Command::new(exe);
+    command.args(&args).stdout(Stdio::piped());
+    if name == "T2" && std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // T2 reads RSS right after the build. mimalloc returns freed pages to the OS 10 ms
+        // after they empty, at its next call; in a running server that is within
+        // milliseconds, but a process that stops allocating keeps them, and the figure swung by
+        // hundreds of bytes per pod between runs. Returning them at once measures what a
+        // running server holds.
+        command.env("MIMALLOC_PURGE_DELAY", "0");
+    }
+    let mut child = match command.spawn() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("{name}: spawn failed: {e}");
