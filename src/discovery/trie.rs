@@ -114,8 +114,11 @@ where
     Err(i)
 }
 
-/// Leaves grow by this many slots at a time: fewer reallocations, little slack.
-const GROW: usize = 4;
+/// Leaves grow by this many slots at a time. One: the allocator grows a block in place
+/// within its size class, so most growth moves nothing, and a leaf holds no slack beyond its
+/// class's rounding. Four at a time kept up to three empty slots a leaf and, in a cold build,
+/// freed blocks of sizes that no finished leaf reuses (T2: 19 B a pod more).
+const GROW: usize = 1;
 
 impl<E: Clone> Clone for Node<E> {
     fn clone(&self) -> Self {
