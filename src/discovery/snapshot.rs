@@ -334,10 +334,70 @@ pub type PersistentMap<K, V> = crate::discovery::trie::HashTrie<K, V>;
 /// Resource names, sorted and unique, shared between snapshots: the names with one
 /// `network/ip`, and the workloads of one service or node. An address's are nearly always
 /// one, kept inline (a shared slice of one name cost a 32-byte allocation per pod).
+///
+/// Several names are a shared `Vec` rather than a slice: while the index holds the only copy
+/// (a cold build), adding a name grows it in place, where a slice was re-allocated at every
+/// size, and a node's hundred pods left blocks of a hundred sizes behind (T2: 20 B a pod).
+/// A shared one is copied at its exact size.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Names {
     One(Name),
-    Many(Arc<[Name]>),
+    Many(Arc<Vec<Name>>),
+}
+
+impl Names {
+    /// Adds `name` at `at` (where a binary search put it), in place unless shared.
+    pub(crate) fn insert(&mut self, at: usize, name: Name) {
+        match self {
+            Names::One(first) => {
+                let mut names = Vec::with_capacity(2);
+                names.push(first.clone());
+                names.insert(at, name);
+                *self = Names::Many(Arc::new(names));
+            }
+            Names::Many(shared) => match Arc::get_mut(shared) {
+                Some(names) => {
+                    names.reserve_exact(1);
+                    names.insert(at, name);
+                }
+                None => {
+                    let mut names = Vec::with_capacity(shared.len() + 1);
+                    names.extend_from_slice(&shared[..at]);
+                    names.push(name);
+                    names.extend_from_slice(&shared[at..]);
+                    *shared = Arc::new(names);
+                }
+            },
+        }
+    }
+
+    /// Removes the name at `at`; `false` when it was the last.
+    pub(crate) fn remove(&mut self, at: usize) -> bool {
+        match self {
+            Names::One(_) => false,
+            Names::Many(shared) => {
+                if shared.len() == 2 {
+                    *self = Names::One(shared[1 - at].clone());
+                    return true;
+                }
+                match Arc::get_mut(shared) {
+                    Some(names) => {
+                        names.remove(at);
+                        if names.capacity() > names.len() + 4 {
+                            names.shrink_to_fit();
+                        }
+                    }
+                    None => {
+                        let mut names = Vec::with_capacity(shared.len() - 1);
+                        names.extend_from_slice(&shared[..at]);
+                        names.extend_from_slice(&shared[at + 1..]);
+                        *shared = Arc::new(names);
+                    }
+                }
+                true
+            }
+        }
+    }
 }
 
 impl std::ops::Deref for Names {
@@ -364,7 +424,10 @@ impl From<Vec<Name>> for Names {
     fn from(mut names: Vec<Name>) -> Self {
         match names.len() {
             1 => Names::One(names.pop().expect("one name")),
-            _ => Names::Many(names.into()),
+            _ => {
+                names.shrink_to_fit();
+                Names::Many(Arc::new(names))
+            }
         }
     }
 }
@@ -583,7 +646,33 @@ mod tests {
         let two = Names::from(vec![Name::from("a"), "b".into()]);
         assert!(matches!(two, Names::Many(_)));
         assert_eq!(two.len(), 2);
-        assert_eq!(std::mem::size_of::<Names>(), 24);
+        // A thin shared pointer for several: the enum fits in the one name's 16 bytes.
+        assert_eq!(std::mem::size_of::<Names>(), 16);
+    }
+
+    #[test]
+    fn names_grow_in_place_alone_and_copy_when_shared() {
+        let name = |s: &str| Name::from(s);
+        let mut names = Names::from(vec![name("b")]);
+        names.insert(1, name("d"));
+        names.insert(0, name("a"));
+        names.insert(2, name("c"));
+        assert_eq!(&*names, [name("a"), name("b"), name("c"), name("d")]);
+        // A snapshot holds a clone: changing the index's copy leaves it as it was.
+        let published = names.clone();
+        names.insert(4, name("e"));
+        assert!(names.remove(0));
+        assert_eq!(&*published, [name("a"), name("b"), name("c"), name("d")]);
+        assert_eq!(&*names, [name("b"), name("c"), name("d"), name("e")]);
+        let Names::Many(shared) = &names else {
+            panic!("several names")
+        };
+        // Copied at its size (five), then one removed in place.
+        assert_eq!(shared.capacity(), 5);
+        // Down to one name: inline again; the last cannot be removed (the key goes instead).
+        assert!(names.remove(3) && names.remove(0) && names.remove(1));
+        assert!(matches!(&names, Names::One(n) if **n == *"c"));
+        assert!(!names.remove(0));
     }
 
     #[test]

@@ -543,23 +543,17 @@ impl Index {
 /// Adds `name` to the sorted names at `key`, keeping the key already stored (one allocation
 /// for every resource that names it); returns that key. A name already there copies nothing.
 fn add_name(map: &mut PersistentMap<Name, Names>, key: &Name, name: &Name) -> Name {
-    match map.get_key_value(&**key) {
-        Some((stored, names)) => {
-            let stored = stored.clone();
-            if let Err(at) = names.binary_search(name) {
-                let mut more = Vec::with_capacity(names.len() + 1);
-                more.extend_from_slice(&names[..at]);
-                more.push(name.clone());
-                more.extend_from_slice(&names[at..]);
-                map.insert(stored.clone(), more.into());
-            }
-            stored
-        }
-        None => {
-            map.insert(key.clone(), Names::One(name.clone()));
-            key.clone()
-        }
+    let Some((stored, names)) = map.get_key_value(&**key) else {
+        map.insert(key.clone(), Names::One(name.clone()));
+        return key.clone();
+    };
+    let stored = stored.clone();
+    if let Err(at) = names.binary_search(name)
+        && let Some(names) = map.get_mut(&*stored)
+    {
+        names.insert(at, name.clone());
     }
+    stored
 }
 
 /// Removes `name` from the names at `key`, and the key with its last name.
@@ -570,12 +564,8 @@ fn remove_name(map: &mut PersistentMap<Name, Names>, key: &str, name: &str) {
     };
     if names.len() == 1 {
         map.remove(key);
-        return;
-    }
-    let mut left = names.to_vec();
-    left.remove(at);
-    if let Some(names) = map.get_mut(key) {
-        *names = left.into();
+    } else if let Some(names) = map.get_mut(key) {
+        names.remove(at);
     }
 }
 
