@@ -141,7 +141,12 @@ impl Resource {
         self.aliases = u16::try_from(aliases.len()).expect("under 65536 addresses");
         self.services = u16::try_from(services.len()).expect("under 65536 services");
         self.has_node = node.is_some();
-        let mut all = aliases;
+        // At its exact size: a shrinking re-allocation within half the block stays in place
+        // (mimalloc), so three names grown into a four-name vector would keep 64 B, not 48.
+        let mut all = Vec::with_capacity(
+            aliases.len() + services.len() + usize::from(node.is_some()) + waypoints.len(),
+        );
+        all.extend(aliases);
         all.extend(services);
         all.extend(node);
         all.extend(waypoints);
@@ -173,6 +178,7 @@ impl Resource {
             Uid::Text("") => {}
             Uid::Text(text) => {
                 let mut links = std::mem::take(&mut self.links).into_vec();
+                links.reserve_exact(1);
                 links.push(text.into());
                 self.links = links.into_boxed_slice();
                 self.uid = TEXT_UID;

@@ -575,9 +575,7 @@ impl RawService {
             })
             .collect::<Result<Vec<_>, String>>()?;
         // Collected through `Result`, the vectors grew by doubling: kept for the service's life.
-        let (mut cluster_ips, mut ports) = (cluster_ips, ports);
-        cluster_ips.shrink_to_fit();
-        ports.shrink_to_fit();
+        let (cluster_ips, ports) = (exact(cluster_ips), exact(ports));
         // Not defaulted from the cluster IPs: istiod reads `spec.ipFamilies` as written, and
         // the API server always fills it in a real cluster.
         let ip_families = spec
@@ -626,6 +624,17 @@ pub(crate) fn protocol(value: Option<&str>) -> Result<Protocol, String> {
         "SCTP" => Ok(Protocol::Sctp),
         other => Err(format!("protocol {other:?} is not TCP, UDP or SCTP")),
     }
+}
+
+/// `v` in a block of exactly its length. `shrink_to_fit` would not do: mimalloc shrinks a block
+/// in place when the new size is at least half the old one, keeping all of it.
+fn exact<T>(v: Vec<T>) -> Vec<T> {
+    if v.capacity() == v.len() {
+        return v;
+    }
+    let mut exact = Vec::with_capacity(v.len());
+    exact.extend(v);
+    exact
 }
 
 #[cfg(test)]
