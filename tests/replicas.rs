@@ -36,10 +36,21 @@ fn contents(snapshot: &Snapshot) -> Contents {
                 (
                     resource.version.to_string(),
                     resource.value.to_vec().into(),
-                    resource.aliases().iter().map(|a| a.to_string()).collect(),
+                    Vec::new(),
                 ),
             );
         }
+    }
+    // The alias index too, each key with the names it holds.
+    for (alias, names) in snapshot.alias_texts() {
+        all.insert(
+            ("alias", alias),
+            (
+                String::new(),
+                Bytes::new(),
+                names.iter().map(|n| n.to_string()).collect(),
+            ),
+        );
     }
     all
 }

@@ -506,7 +506,10 @@ fn observed(s: &Snapshot) -> Observed {
     Observed {
         addresses: versions(s),
         authorizations: authorization_versions(s),
-        aliases: flat(&s.aliases),
+        aliases: s
+            .alias_texts()
+            .map(|(k, v)| (k, v.iter().map(|n| n.to_string()).collect()))
+            .collect(),
         members: flat(&s.members),
         by_node: flat(&s.by_node),
         policy_status: s

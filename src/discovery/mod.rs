@@ -4,6 +4,7 @@
 //! owned by one task; it applies events and returns the [`Changes`] they caused, and hands out
 //! immutable [`Snapshot`]s for everyone else to read.
 
+pub mod alias;
 pub mod authorization;
 pub mod endpoint_slice;
 pub mod entry;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use prost::Message;
 
+use crate::discovery::alias::{Alias, Networks, addresses_of};
 use crate::discovery::authorization::PolicyStatus;
 use crate::discovery::names::TypeKind;
 use crate::discovery::status::{DesiredStatus, StatusTarget};
@@ -64,8 +65,8 @@ pub type Name = Arc<str>;
 
 /// One xDS resource, encoded once and shared by every connection that sends it.
 ///
-/// 96 bytes with its `Arc` (there is one per workload): the index's links (aliases, services,
-/// node, waypoints) share one slice, and the value is a plain boxed slice (a `Bytes` is 32
+/// 96 bytes with its `Arc` (there is one per workload): the index's links (services, node,
+/// waypoints) share one slice (its `network/ip` aliases are read from the value when needed), and the value is a plain boxed slice (a `Bytes` is 32
 /// bytes and allocates a shared header on its first clone; sends copy from the slice anyway).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Resource {
@@ -75,15 +76,13 @@ pub struct Resource {
     pub version: Version,
     /// The encoded message: the `Any`'s value, shared (not copied) by every send.
     pub value: Box<[u8]>,
-    /// [`Resource::aliases`], then [`Resource::services`], then [`Resource::node`], then
-    /// [`Resource::waypoints`], then a pod uid that is not a UUID: one allocation for what the
-    /// index's lookups need.
+    /// [`Resource::services`], then [`Resource::node`], then [`Resource::waypoints`], then a
+    /// pod uid that is not a UUID: one allocation for what the index's lookups need.
     links: Box<[Name]>,
     /// For a pod's workload, its uid's bytes when it is a UUID ([`Resource::pod_uid`]).
     uuid: [u8; 16],
     /// [`NO_UID`], [`UUID`] or [`TEXT_UID`] (the last link).
     uid: u8,
-    aliases: u16,
     services: u16,
     has_node: bool,
     /// Whether this Address holds a Service (else a Workload).
@@ -99,9 +98,6 @@ const TEXT_UID: u8 = 2;
 /// What the index looks a resource up by, besides its name (see [`Resource::with_links`]).
 #[derive(Debug, Default)]
 pub struct Links {
-    /// `network/ip` keys, for on-demand lookups (not sent: ztunnel ignores them; see
-    /// `push::response`).
-    pub aliases: Vec<Name>,
     /// For a workload: the service keys (`ns/hostname`) in its services map.
     pub services: Vec<Name>,
     /// For a workload: the node it runs on.
@@ -122,7 +118,6 @@ impl Resource {
             links: Box::default(),
             uuid: [0; 16],
             uid: NO_UID,
-            aliases: 0,
             services: 0,
             has_node: false,
             is_service: false,
@@ -133,20 +128,16 @@ impl Resource {
     /// This resource with the index's lookup keys (and no pod uid: set that after).
     pub fn with_links(mut self, links: Links) -> Self {
         let Links {
-            aliases,
             services,
             node,
             waypoints,
         } = links;
-        self.aliases = u16::try_from(aliases.len()).expect("under 65536 addresses");
         self.services = u16::try_from(services.len()).expect("under 65536 services");
         self.has_node = node.is_some();
         // At its exact size: a shrinking re-allocation within half the block stays in place
         // (mimalloc), so three names grown into a four-name vector would keep 64 B, not 48.
-        let mut all = Vec::with_capacity(
-            aliases.len() + services.len() + usize::from(node.is_some()) + waypoints.len(),
-        );
-        all.extend(aliases);
+        let mut all =
+            Vec::with_capacity(services.len() + usize::from(node.is_some()) + waypoints.len());
         all.extend(services);
         all.extend(node);
         all.extend(waypoints);
@@ -192,50 +183,56 @@ impl Resource {
         self
     }
 
-    /// `network/ip` aliases, for on-demand lookups (shared with the snapshot's alias keys).
-    pub fn aliases(&self) -> &[Name] {
-        &self.links[..usize::from(self.aliases)]
+    /// The `network/ip` aliases of its addresses (read from the value, with `networks` taking
+    /// in any network it has not seen).
+    pub(crate) fn aliases(&self, networks: &mut Networks) -> Vec<Alias> {
+        if self.kind != TypeKind::Address {
+            return Vec::new();
+        }
+        let mut aliases: Vec<Alias> = addresses_of(&self.value)
+            .into_iter()
+            .map(|(network, ip, prefix)| networks.alias(&network, ip, prefix))
+            .collect();
+        aliases.sort_unstable();
+        aliases.dedup();
+        aliases
     }
 
     /// For a workload: the service keys (`ns/hostname`) in its services map (shared with the
     /// snapshot's `members` keys once stored).
     pub fn services(&self) -> &[Name] {
-        let from = usize::from(self.aliases);
-        &self.links[from..from + usize::from(self.services)]
+        &self.links[..usize::from(self.services)]
     }
 
     /// For a workload: the node it runs on (shared with the `by_node` key once stored).
     pub fn node(&self) -> Option<&Name> {
-        let at = usize::from(self.aliases) + usize::from(self.services);
+        let at = usize::from(self.services);
         self.has_node.then(|| &self.links[at])
     }
 
     /// Lookup keys of the waypoint this workload or service uses.
     pub fn waypoints(&self) -> &[Name] {
         let end = self.links.len() - usize::from(self.uid == TEXT_UID);
-        let from =
-            usize::from(self.aliases) + usize::from(self.services) + usize::from(self.has_node);
+        let from = usize::from(self.services) + usize::from(self.has_node);
         &self.links[from..end]
     }
 
-    /// Aliases, services and node, to be swapped for the index's shared copies.
-    pub(crate) fn shared_links_mut(&mut self) -> (&mut [Name], &mut [Name], Option<&mut Name>) {
-        let (aliases, rest) = self.links.split_at_mut(usize::from(self.aliases));
-        let (services, rest) = rest.split_at_mut(usize::from(self.services));
+    /// Services and node, to be swapped for the index's shared copies.
+    pub(crate) fn shared_links_mut(&mut self) -> (&mut [Name], Option<&mut Name>) {
+        let (services, rest) = self.links.split_at_mut(usize::from(self.services));
         let node = if self.has_node {
             rest.first_mut()
         } else {
             None
         };
-        (aliases, services, node)
+        (services, node)
     }
 
     /// Takes the links (and so the shared strings) of `other`.
     /// `other` has the same value, so the same links but perhaps its uid: only the links it
     /// shares with the index are taken.
     pub(crate) fn take_links_of(&mut self, other: &Resource) {
-        let shared = usize::from(other.aliases) + usize::from(other.services);
-        let shared = shared + usize::from(other.has_node);
+        let shared = usize::from(other.services) + usize::from(other.has_node);
         self.links[..shared].clone_from_slice(&other.links[..shared]);
     }
 
@@ -481,9 +478,11 @@ pub struct Snapshot {
     pub addresses: ResourceMap,
     pub authorizations: ResourceMap,
     /// `network/ip` -> names of Address resources with that address (workloads and services).
-    /// Usually one name each, so a sorted slice rather than a set (an `imbl::OrdSet` of one
-    /// name allocates a node of sixteen).
-    pub aliases: PersistentMap<Name, Names>,
+    /// Usually one name each, kept inline. The keys are numbers ([`Alias`]); [`Snapshot::alias`]
+    /// looks one up by its text.
+    pub aliases: PersistentMap<Alias, Names>,
+    /// The networks [`Alias`]es refer to.
+    pub networks: Networks,
     /// Service name (`ns/hostname`) -> uids of workloads whose services map holds it. Sorted
     /// shared slices: an `imbl::OrdSet` node is a fixed array, and a slice is copied only when a
     /// workload joins or leaves (a pod turning ready touches none of these indexes).
@@ -621,7 +620,7 @@ impl Snapshot {
             }
             return names;
         }
-        let Some(found) = self.aliases.get(key) else {
+        let Some(found) = self.alias(key) else {
             return Vec::new();
         };
         let is_service = |name: &Name| self.addresses.get(name).is_some_and(|r| r.is_service);
@@ -637,6 +636,18 @@ impl Snapshot {
             Some(service) => self.lookup_addresses(service),
             None => Vec::new(),
         }
+    }
+
+    /// The names with the address a `network/ip` (or `network/ip/len`) key names.
+    pub fn alias(&self, key: &str) -> Option<&Names> {
+        self.aliases.get(&self.networks.parse(key)?)
+    }
+
+    /// Every alias as its text, with its names.
+    pub fn alias_texts(&self) -> impl Iterator<Item = (String, &Names)> {
+        self.aliases
+            .iter()
+            .map(|(alias, names)| (self.networks.text(alias), names))
     }
 }
 
@@ -688,15 +699,10 @@ mod tests {
             value: Bytes::from_static(b"v"),
         };
         let resource = Resource::encode(TypeKind::Address, "uid", &message).with_links(Links {
-            aliases: vec!["/10.0.0.1".into(), "/fd00::1".into()],
             services: vec!["ns/a.ns.svc".into()],
             node: Some("node-1".into()),
             waypoints: vec!["ns/wp.ns.svc".into()],
         });
-        assert_eq!(
-            resource.aliases(),
-            [Name::from("/10.0.0.1"), "/fd00::1".into()]
-        );
         assert_eq!(resource.services(), [Name::from("ns/a.ns.svc")]);
         assert_eq!(resource.node().map(|n| &**n), Some("node-1"));
         assert_eq!(resource.waypoints(), [Name::from("ns/wp.ns.svc")]);
@@ -708,7 +714,7 @@ mod tests {
                 ..Links::default()
             })
             .service();
-        assert!(bare.is_service && bare.aliases().is_empty() && bare.services().is_empty());
+        assert!(bare.is_service && bare.services().is_empty());
         assert_eq!(bare.node(), None);
         assert_eq!(bare.waypoints(), [Name::from("/10.0.0.9")]);
 

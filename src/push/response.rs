@@ -128,13 +128,11 @@ mod tests {
             type_url: String::new(),
             value: vec![7u8; payload].into(),
         };
-        Arc::new(
-            Resource::encode(crate::discovery::names::TypeKind::Address, name, &message)
-                .with_links(crate::discovery::snapshot::Links {
-                    aliases: vec![format!("/10.0.0.{payload}").into()],
-                    ..Default::default()
-                }),
-        )
+        Arc::new(Resource::encode(
+            crate::discovery::names::TypeKind::Address,
+            name,
+            &message,
+        ))
     }
 
     /// What prost encodes for the same response (without the fields ambientd leaves out).

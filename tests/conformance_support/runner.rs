@@ -413,11 +413,7 @@ impl Run {
             }
         }
         for (index, a, b) in [
-            (
-                "aliases",
-                sorted(incremental.aliases.iter()),
-                sorted(fresh.aliases.iter()),
-            ),
+            ("aliases", alias_texts(incremental), alias_texts(&fresh)),
             (
                 "members",
                 sorted(incremental.members.iter()),
@@ -470,6 +466,14 @@ fn summary(resource: Option<&Arc<ambientd::discovery::Resource>>) -> String {
 }
 
 /// A lookup index (`name -> set of names`) as sorted plain collections.
+/// The alias index by its keys' text.
+fn alias_texts(snapshot: &Snapshot) -> BTreeMap<String, Vec<String>> {
+    snapshot
+        .alias_texts()
+        .map(|(k, v)| (k, v.iter().map(|n| n.to_string()).collect()))
+        .collect()
+}
+
 fn sorted<'a, S: 'a + ?Sized>(
     entries: impl Iterator<Item = (&'a Arc<str>, &'a S)>,
 ) -> BTreeMap<String, Vec<String>>

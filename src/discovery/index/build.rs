@@ -197,7 +197,6 @@ fn authorization_resource(a: Authorization) -> Resource {
 }
 
 fn workload_resource(w: wl::Workload) -> Resource {
-    let aliases = aliases(&w.network, &w.addresses);
     let services = w.services.keys().map(|s| s.as_str().into()).collect();
     let name: Name = w.uid.as_str().into();
     let node = (!w.node.is_empty()).then(|| w.node.as_str().into());
@@ -206,7 +205,6 @@ fn workload_resource(w: wl::Workload) -> Resource {
         r#type: Some(address::Type::Workload(w)),
     };
     Resource::encode(TypeKind::Address, name, &message).with_links(Links {
-        aliases,
         services,
         node,
         waypoints,
@@ -227,35 +225,14 @@ fn waypoint_key(waypoint: Option<&wl::GatewayAddress>) -> Option<Name> {
 
 fn service_resource(s: wl::Service) -> Resource {
     let name = service_key(&s.namespace, &s.hostname);
-    let aliases = s
-        .addresses
-        .iter()
-        .filter_map(|a| {
-            let ip = ip_from_bytes(&a.address)?;
-            Some(match a.length {
-                Some(len) => format!("{}/{len}", network_address_key(&a.network, &ip)).into(),
-                None => network_address_key(&a.network, &ip).into(),
-            })
-        })
-        .collect();
     let waypoints = waypoint_key(s.waypoint.as_ref()).into_iter().collect();
     let message = Address {
         r#type: Some(address::Type::Service(s)),
     };
     Resource::encode(TypeKind::Address, name, &message)
         .with_links(Links {
-            aliases,
             waypoints,
             ..Links::default()
         })
         .service()
-}
-
-/// `network/ip` for each raw address.
-fn aliases(network: &str, addresses: &[bytes::Bytes]) -> Vec<Name> {
-    addresses
-        .iter()
-        .filter_map(|raw| ip_from_bytes(raw))
-        .map(|ip| network_address_key(network, &ip).into())
-        .collect()
 }

@@ -7,11 +7,14 @@
 //! exactly the objects that looked it up. A relist ([`Index::reset`]) is the truth: objects
 //! missing from it are deleted, whatever deletes were missed.
 
+use std::borrow::Borrow;
 use std::collections::BTreeSet;
+use std::hash::Hash;
 use std::sync::Arc;
 
 use foldhash::{HashMap, HashMapExt, HashSet};
 
+use crate::discovery::alias::{Alias, Networks};
 use crate::discovery::authorization::{PolicyStatus, REVISION_LABEL};
 use crate::discovery::model::{Event, Kind, Object, ObjectRef};
 use crate::discovery::names::{TypeKind, pod_uid};
@@ -86,7 +89,9 @@ pub struct Index {
     store: Store,
     addresses: ResourceMap,
     authorizations: ResourceMap,
-    aliases: PersistentMap<Name, Names>,
+    aliases: PersistentMap<Alias, Names>,
+    /// The networks the alias keys refer to.
+    networks: Networks,
     members: PersistentMap<Name, Names>,
     by_node: PersistentMap<Name, Names>,
     /// Resource names each target produced last time, sorted (most targets produce one: a
@@ -121,6 +126,7 @@ impl Index {
             addresses: ResourceMap::default(),
             authorizations: ResourceMap::default(),
             aliases: PersistentMap::default(),
+            networks: Networks::default(),
             members: PersistentMap::default(),
             by_node: PersistentMap::default(),
             produced: HashMap::new(),
@@ -246,6 +252,7 @@ impl Index {
             addresses: self.addresses.clone(),
             authorizations: self.authorizations.clone(),
             aliases: self.aliases.clone(),
+            networks: self.networks.clone(),
             members: self.members.clone(),
             by_node: self.by_node.clone(),
             history: self.history.clone(),
@@ -487,8 +494,8 @@ impl Index {
         let Some(mut new) = new else {
             if let Some((key, old)) = old {
                 self.service_count -= usize::from(old.is_service);
-                for alias in old.aliases() {
-                    remove_name(&mut self.aliases, alias, &key);
+                for alias in old.aliases(&mut self.networks) {
+                    remove_name(&mut self.aliases, &alias, &key);
                 }
                 for svc in old.services() {
                     remove_name(&mut self.members, svc, &key);
@@ -503,10 +510,13 @@ impl Index {
         };
         // Only the links that differ from the old resource's touch the indexes (a pod turning
         // ready changes none), and a name that stays keeps its stored strings.
+        let aliases = new.aliases(&mut self.networks);
+        let mut old_aliases = Vec::new();
         let key = match &old {
             Some((key, old)) => {
                 self.service_count -= usize::from(old.is_service);
-                for alias in old.aliases().iter().filter(|a| !new.aliases().contains(a)) {
+                old_aliases = old.aliases(&mut self.networks);
+                for alias in old_aliases.iter().filter(|a| !aliases.contains(a)) {
                     remove_name(&mut self.aliases, alias, key);
                 }
                 for svc in old
@@ -525,10 +535,10 @@ impl Index {
         };
         new.name = key.clone();
         self.service_count += usize::from(new.is_service);
-        let (aliases, services, node) = new.shared_links_mut();
-        for alias in aliases {
-            *alias = add_name(&mut self.aliases, alias, &key);
+        for alias in aliases.iter().filter(|a| !old_aliases.contains(a)) {
+            add_name(&mut self.aliases, alias, &key);
         }
+        let (services, node) = new.shared_links_mut();
         for svc in services {
             *svc = add_name(&mut self.members, svc, &key);
         }
@@ -542,14 +552,14 @@ impl Index {
 
 /// Adds `name` to the sorted names at `key`, keeping the key already stored (one allocation
 /// for every resource that names it); returns that key. A name already there copies nothing.
-fn add_name(map: &mut PersistentMap<Name, Names>, key: &Name, name: &Name) -> Name {
-    let Some((stored, names)) = map.get_key_value(&**key) else {
+fn add_name<K: Hash + Ord + Clone>(map: &mut PersistentMap<K, Names>, key: &K, name: &Name) -> K {
+    let Some((stored, names)) = map.get_key_value(key) else {
         map.insert(key.clone(), Names::One(name.clone()));
         return key.clone();
     };
     let stored = stored.clone();
     if let Err(at) = names.binary_search(name)
-        && let Some(names) = map.get_mut(&*stored)
+        && let Some(names) = map.get_mut(&stored)
     {
         names.insert(at, name.clone());
     }
@@ -557,7 +567,11 @@ fn add_name(map: &mut PersistentMap<Name, Names>, key: &Name, name: &Name) -> Na
 }
 
 /// Removes `name` from the names at `key`, and the key with its last name.
-fn remove_name(map: &mut PersistentMap<Name, Names>, key: &str, name: &str) {
+fn remove_name<K: Hash + Ord + Clone + Borrow<Q>, Q: Hash + Ord + ?Sized>(
+    map: &mut PersistentMap<K, Names>,
+    key: &Q,
+    name: &str,
+) {
     let Some(names) = map.get(key) else { return };
     let Ok(at) = names.binary_search_by(|n| (**n).cmp(name)) else {
         return;

@@ -1,0 +1,236 @@
+//! [`Alias`]: the snapshot's `network/ip` lookup keys, held as numbers, not text.
+//!
+//! Every address of every workload and service is an alias (`/10.0.0.5` on the default
+//! network), so at 100k pods the keys were 100k strings: a 32-byte block each, plus a link in
+//! each resource to find them again. An `Alias` is the network's index in a small table, the
+//! IP and a CIDR prefix length, inline in the map's slot; a resource's aliases are read back
+//! from its encoded value when it changes ([`addresses_of`]), so it keeps no copy.
+
+use std::net::IpAddr;
+
+use prost::Message;
+
+use crate::discovery::names::ip_from_bytes;
+use crate::discovery::snapshot::Name;
+
+/// A `network/ip` key, or `network/ip/len` for a service's CIDR address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Alias {
+    /// Index of the network's name in the snapshot's [`Networks`] (0: the default, `""`).
+    network: u16,
+    ip: IpAddr,
+    /// The prefix length of a CIDR address.
+    prefix: Option<u8>,
+}
+
+/// The names of the networks aliases refer to, in the order first seen; the default network
+/// (`""`) is always first. Networks are few and never forgotten (an unused name costs nothing
+/// but its string).
+#[derive(Clone, Debug)]
+pub struct Networks(std::sync::Arc<[Name]>);
+
+impl Default for Networks {
+    fn default() -> Self {
+        Networks(std::sync::Arc::from([Name::from("")]))
+    }
+}
+
+impl Networks {
+    fn index(&self, network: &str) -> Option<u16> {
+        let i = self.0.iter().position(|n| **n == *network)?;
+        u16::try_from(i).ok()
+    }
+
+    /// The alias of an address on `network`, adding the network to the table if it is new.
+    pub(crate) fn alias(&mut self, network: &str, ip: IpAddr, prefix: Option<u8>) -> Alias {
+        let network = match self.index(network) {
+            Some(i) => i,
+            None => {
+                let mut names = self.0.to_vec();
+                names.push(network.into());
+                self.0 = names.into();
+                u16::try_from(self.0.len() - 1).expect("under 65536 networks")
+            }
+        };
+        Alias {
+            network,
+            ip,
+            prefix,
+        }
+    }
+
+    /// The alias a lookup key names (`network/ip` or `network/ip/len`); `None` when it is not
+    /// one, or names a network no address is on.
+    pub fn parse(&self, key: &str) -> Option<Alias> {
+        let (network, rest) = key.split_once('/')?;
+        let (ip, prefix) = match rest.split_once('/') {
+            Some((ip, len)) => (ip, Some(len.parse().ok()?)),
+            None => (rest, None),
+        };
+        Some(Alias {
+            network: self.index(network)?,
+            ip: ip.parse().ok()?,
+            prefix,
+        })
+    }
+
+    /// The key as text: `network/ip`, or `network/ip/len`.
+    pub fn text(&self, alias: &Alias) -> String {
+        let network = self.0.get(usize::from(alias.network)).map_or("", |n| n);
+        match alias.prefix {
+            Some(len) => format!("{network}/{}/{len}", alias.ip),
+            None => format!("{network}/{}", alias.ip),
+        }
+    }
+}
+
+/// The addresses of an encoded `istio.workload.Address`: `(network, ip, prefix length)` for
+/// each of a workload's `addresses` (on its `network`) or a service's. Reads only those fields
+/// (prost skips the rest), so it costs a fraction of decoding the message.
+pub(crate) fn addresses_of(value: &[u8]) -> Vec<(String, IpAddr, Option<u8>)> {
+    let Ok(address) = AddressIps::decode(value) else {
+        return Vec::new();
+    };
+    match address.kind {
+        Some(Ips::Workload(w)) => w
+            .addresses
+            .iter()
+            .filter_map(|raw| ip_from_bytes(raw))
+            .map(|ip| (w.network.clone(), ip, None))
+            .collect(),
+        Some(Ips::Service(s)) => s
+            .addresses
+            .into_iter()
+            .filter_map(|a| {
+                let ip = ip_from_bytes(&a.address)?;
+                let prefix = a.length.map(|l| u8::try_from(l).unwrap_or(u8::MAX));
+                Some((a.network, ip, prefix))
+            })
+            .collect(),
+        None => Vec::new(),
+    }
+}
+
+// The fields `addresses_of` reads, by their numbers in spec/wire.md (`Address`, `Workload`,
+// `Service`, `NetworkAddress`).
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct AddressIps {
+    #[prost(oneof = "Ips", tags = "1, 2")]
+    kind: Option<Ips>,
+}
+
+#[derive(Clone, PartialEq, prost::Oneof)]
+enum Ips {
+    #[prost(message, tag = "1")]
+    Workload(WorkloadIps),
+    #[prost(message, tag = "2")]
+    Service(ServiceIps),
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct WorkloadIps {
+    #[prost(bytes = "vec", repeated, tag = "3")]
+    addresses: Vec<Vec<u8>>,
+    #[prost(string, tag = "4")]
+    network: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct ServiceIps {
+    #[prost(message, repeated, tag = "4")]
+    addresses: Vec<NetworkAddressIp>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct NetworkAddressIp {
+    #[prost(string, tag = "1")]
+    network: String,
+    #[prost(bytes = "vec", tag = "2")]
+    address: Vec<u8>,
+    #[prost(uint32, optional, tag = "3")]
+    length: Option<u32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discovery::names::ip_bytes;
+    use crate::pb::istio::workload::{self as wl, address};
+
+    #[test]
+    fn keys_read_back_as_written_and_unknown_networks_name_nothing() {
+        let mut networks = Networks::default();
+        let v4 = networks.alias("", "10.0.0.5".parse().unwrap(), None);
+        let cidr = networks.alias("net1", "fd00::".parse().unwrap(), Some(64));
+        for (alias, text) in [(v4, "/10.0.0.5"), (cidr, "net1/fd00::/64")] {
+            assert_eq!(networks.text(&alias), text);
+            assert_eq!(networks.parse(text), Some(alias));
+        }
+        for key in [
+            "net2/10.0.0.5",
+            "10.0.0.5",
+            "/not-an-ip",
+            "/10.0.0.5/x",
+            "ns/host.name",
+        ] {
+            assert_eq!(networks.parse(key), None, "{key}");
+        }
+        // The same network again is the same entry.
+        assert_eq!(
+            networks.alias("net1", "fd00::".parse().unwrap(), Some(64)),
+            cidr
+        );
+    }
+
+    #[test]
+    fn addresses_are_read_from_workloads_and_services() {
+        let workload = wl::Address {
+            r#type: Some(address::Type::Workload(wl::Workload {
+                uid: "c//Pod/ns/a".into(),
+                name: "a".into(),
+                network: "net1".into(),
+                addresses: vec![
+                    ip_bytes(&"10.0.0.5".parse().unwrap()),
+                    ip_bytes(&"fd00::5".parse().unwrap()),
+                ],
+                ..Default::default()
+            })),
+        };
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            addresses_of(&workload.encode_to_vec()),
+            vec![
+                ("net1".to_string(), ip("10.0.0.5"), None),
+                ("net1".to_string(), ip("fd00::5"), None)
+            ]
+        );
+        let service = wl::Address {
+            r#type: Some(address::Type::Service(wl::Service {
+                name: "s".into(),
+                hostname: "s.ns.svc.cluster.local".into(),
+                addresses: vec![
+                    wl::NetworkAddress {
+                        network: String::new(),
+                        address: ip_bytes(&ip("10.96.0.1")),
+                        length: None,
+                    },
+                    wl::NetworkAddress {
+                        network: "net2".into(),
+                        address: ip_bytes(&ip("10.1.0.0")),
+                        length: Some(16),
+                    },
+                ],
+                ..Default::default()
+            })),
+        };
+        assert_eq!(
+            addresses_of(&service.encode_to_vec()),
+            vec![
+                (String::new(), ip("10.96.0.1"), None),
+                ("net2".to_string(), ip("10.1.0.0"), Some(16))
+            ]
+        );
+        assert!(addresses_of(b"\xff not protobuf").is_empty());
+    }
+}
