@@ -69,7 +69,8 @@ pub struct PodFields {
 /// port and IP counts, the two prefix lengths, where the big numbers and the text start, each
 /// string's end offset from the start of the buffer, and each IP's family, 4 or 6); the *big*
 /// numbers, three bytes of seven bits each (21 bits: the flags, one word per port with the
-/// protocol above bit 16, the IPs' addresses and a UUID uid as 16-bit halves); then the text:
+/// protocol above bit 16, the IPs' addresses as 16-bit halves); a UUID uid as 19 bytes of seven
+/// bits; then the text:
 /// the fixed strings (name, namespace, generate name, phase, service account, node name, owner
 /// kind and name), each annotation's key and value, each port's name, and the uid if it is not
 /// a UUID. The generate name and the owner's name are nearly always prefixes of the name
@@ -115,8 +116,10 @@ const HOST_NETWORK: u32 = 4;
 const HAS_OWNER: u32 = 8;
 const GENERATE_NAME_IS_PREFIX: u32 = 16;
 const OWNER_NAME_IS_PREFIX: u32 = 32;
-/// The uid is a UUID, in the last eight big numbers.
+/// The uid is a UUID: [`UUID_BYTES`] bytes of seven bits after the big numbers.
 const UID_UUID: u32 = 64;
+/// A UUID's 128 bits as bytes of seven bits (eight 21-bit big numbers took 24).
+const UUID_BYTES: usize = 19;
 /// The uid is text, the string after the port names.
 const UID_TEXT: u32 = 128;
 /// Bits 8 to 20 of the flags: string `i` (for `i` under [`CODED_SLOTS`]) is one byte of the
@@ -154,12 +157,13 @@ impl Pod {
     /// `metadata.uid`.
     pub fn uid(&self) -> Uid<'_> {
         if self.flag(UID_UUID) {
-            let first = self.big_len() - 8;
-            let mut bytes = [0u8; 16];
-            for (i, chunk) in bytes.chunks_exact_mut(2).enumerate() {
-                chunk.copy_from_slice(&(self.big(first + i) as u16).to_be_bytes());
-            }
-            Uid::Uuid(bytes)
+            let end = self.small(TEXT_START);
+            let sevens = &self.data.as_bytes()[end - UUID_BYTES..end];
+            let n = sevens
+                .iter()
+                .rev()
+                .fold(0u128, |n, byte| n << 7 | u128::from(*byte));
+            Uid::Uuid(n.to_be_bytes())
         } else if self.flag(UID_TEXT) {
             Uid::Text(self.string(FIXED + 2 * self.count(ANNOTATIONS) + self.count(PORTS)))
         } else {
@@ -303,8 +307,10 @@ impl Pod {
     }
 
     /// How many big numbers there are.
+    #[cfg(test)]
     fn big_len(&self) -> usize {
-        (self.small(TEXT_START) - self.small(BIG_START)) / BIG
+        let uuid = if self.flag(UID_UUID) { UUID_BYTES } else { 0 };
+        (self.small(TEXT_START) - self.small(BIG_START) - uuid) / BIG
     }
 
     /// One of the counts.
@@ -445,17 +451,19 @@ impl From<PodFields> for Pod {
                 }
             }
         }
-        if let Uid::Uuid(bytes) = uid {
-            big.extend(halves(&bytes));
-        }
+        let uuid = match uid {
+            Uid::Uuid(bytes) => Some(u128::from_be_bytes(bytes)),
+            Uid::Text(_) => None,
+        };
+        let uuid_len = if uuid.is_some() { UUID_BYTES } else { 0 };
         let smalls = ENDS + ends.len() + families.len();
-        let size = |width: usize| 1 + smalls * width + big.len() * BIG + text.len();
+        let size = |width: usize| 1 + smalls * width + big.len() * BIG + uuid_len + text.len();
         let width = (1..=4)
             // Every small number is under the size (a prefix is shorter than the name).
             .find(|&w| size(w) < 1 << (7 * w))
             .expect("pod over 256 MiB");
         let big_start = 1 + smalls * width;
-        let text_start = big_start + big.len() * BIG;
+        let text_start = big_start + big.len() * BIG + uuid_len;
         let capacity = size(width);
         let mut data = String::with_capacity(capacity);
         data.push(char::from(width as u8));
@@ -476,6 +484,12 @@ impl From<PodFields> for Pod {
         }
         for n in big {
             put_seven_bits(&mut data, n as usize, BIG);
+        }
+        if let Some(mut n) = uuid {
+            for _ in 0..UUID_BYTES {
+                data.push(char::from((n & 0x7f) as u8));
+                n >>= 7;
+            }
         }
         data.push_str(&text);
         debug_assert_eq!(data.len(), capacity);
@@ -713,9 +727,25 @@ mod tests {
         assert_eq!(
             pod.ips().collect::<Vec<_>>(),
             fields.ips,
-            "the uid's words follow the IPs'"
+            "the uid's bytes follow the IPs'"
         );
         assert_eq!(pod.to_fields(), fields);
+        // Nineteen bytes of seven bits between the big numbers and the text (as 16-bit halves
+        // in big numbers it took 24).
+        let bigs = pod.big_len() * BIG;
+        assert_eq!(pod.small(TEXT_START) - pod.small(BIG_START) - bigs, 19);
+        assert_eq!(pod.big_len(), 1 + 3 + 8 + 2);
+        // Every bit pattern reads back, the high and low bits included.
+        for uuid in [
+            "ffffffff-ffff-ffff-ffff-ffffffffffff",
+            "00000000-0000-0000-0000-000000000000",
+            "80000000-0000-0000-0000-000000000001",
+        ] {
+            fields.uid = uuid.into();
+            let pod = Pod::from(fields.clone());
+            assert_eq!(pod.uid(), Uid::parse(uuid), "{uuid}");
+            assert_eq!(pod.uid().to_string(), uuid);
+        }
     }
 
     #[test]
