@@ -83,6 +83,9 @@ pub struct Resource {
     uuid: [u8; 16],
     /// [`NO_UID`], [`UUID`] or [`TEXT_UID`] (the last link).
     uid: u8,
+    /// How many `network/ip` aliases the index holds for it (set when stored): a change that
+    /// keeps them all need not read the old value's.
+    pub(crate) alias_count: u16,
     services: u16,
     has_node: bool,
     /// Whether this Address holds a Service (else a Workload).
@@ -118,6 +121,7 @@ impl Resource {
             links: Box::default(),
             uuid: [0; 16],
             uid: NO_UID,
+            alias_count: 0,
             services: 0,
             has_node: false,
             is_service: false,
@@ -232,6 +236,7 @@ impl Resource {
     /// `other` has the same value, so the same links but perhaps its uid: only the links it
     /// shares with the index are taken.
     pub(crate) fn take_links_of(&mut self, other: &Resource) {
+        self.alias_count = other.alias_count;
         let shared = usize::from(other.services) + usize::from(other.has_node);
         self.links[..shared].clone_from_slice(&other.links[..shared]);
     }

@@ -511,11 +511,25 @@ impl Index {
         // Only the links that differ from the old resource's touch the indexes (a pod turning
         // ready changes none), and a name that stays keeps its stored strings.
         let aliases = new.aliases(&mut self.networks);
+        new.alias_count = u16::try_from(aliases.len()).expect("under 65536 addresses");
         let mut old_aliases = Vec::new();
         let key = match &old {
             Some((key, old)) => {
                 self.service_count -= usize::from(old.is_service);
-                old_aliases = old.aliases(&mut self.networks);
+                // The index holds `key` under exactly the old resource's aliases: if it holds
+                // it under each new one and they are as many, they are the same (a pod turning
+                // ready), and the old value need not be read.
+                let kept = old.alias_count == new.alias_count
+                    && aliases.iter().all(|a| {
+                        self.aliases
+                            .get(a)
+                            .is_some_and(|names| names.binary_search(key).is_ok())
+                    });
+                old_aliases = if kept {
+                    aliases.clone()
+                } else {
+                    old.aliases(&mut self.networks)
+                };
                 for alias in old_aliases.iter().filter(|a| !aliases.contains(a)) {
                     remove_name(&mut self.aliases, alias, key);
                 }
