@@ -512,26 +512,25 @@ impl Index {
         // ready changes none), and a name that stays keeps its stored strings.
         let aliases = new.aliases(&mut self.networks);
         new.alias_count = u16::try_from(aliases.len()).expect("under 65536 addresses");
-        let mut old_aliases = Vec::new();
+        let mut aliases_kept = false;
         let key = match &old {
             Some((key, old)) => {
                 self.service_count -= usize::from(old.is_service);
                 // The index holds `key` under exactly the old resource's aliases: if it holds
                 // it under each new one and they are as many, they are the same (a pod turning
                 // ready), and the old value need not be read.
-                let kept = old.alias_count == new.alias_count
+                aliases_kept = old.alias_count == new.alias_count
                     && aliases.iter().all(|a| {
                         self.aliases
                             .get(a)
                             .is_some_and(|names| names.binary_search(key).is_ok())
                     });
-                old_aliases = if kept {
-                    aliases.clone()
-                } else {
-                    old.aliases(&mut self.networks)
-                };
-                for alias in old_aliases.iter().filter(|a| !aliases.contains(a)) {
-                    remove_name(&mut self.aliases, alias, key);
+                if !aliases_kept {
+                    for alias in old.aliases(&mut self.networks) {
+                        if !aliases.contains(&alias) {
+                            remove_name(&mut self.aliases, &alias, key);
+                        }
+                    }
                 }
                 for svc in old
                     .services()
@@ -549,8 +548,11 @@ impl Index {
         };
         new.name = key.clone();
         self.service_count += usize::from(new.is_service);
-        for alias in aliases.iter().filter(|a| !old_aliases.contains(a)) {
-            add_name(&mut self.aliases, alias, &key);
+        if !aliases_kept {
+            // An alias the name already has is left as it is.
+            for alias in &aliases {
+                add_name(&mut self.aliases, alias, &key);
+            }
         }
         let (services, node) = new.shared_links_mut();
         for svc in services {
