@@ -14,6 +14,9 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
+
+use foldhash::HashSet;
 
 /// A sorted map of label keys to values, packed into one allocation.
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
@@ -21,8 +24,9 @@ pub struct Labels {
     /// The width `w` of the head's numbers (one byte: 1 to 4); the entry count; the end offset
     /// of each key and value (`2 * len` of them, counted from the start of the buffer); each
     /// number as `w` bytes of seven bits. Then every key and value, in order: `k0 v0 k1 v1 ...`.
-    /// Empty when there are no entries.
-    text: Box<str>,
+    /// `None` when there are no entries. Shared, so that equal maps interned by [`LabelSets`]
+    /// (the pods of one ReplicaSet) hold one buffer.
+    text: Option<Arc<str>>,
 }
 
 /// The widest head number: four bytes of seven bits, so a map of 256 MiB at most.
@@ -58,25 +62,31 @@ impl Labels {
         Labels::default()
     }
 
+    /// The packed buffer; empty when there are no entries.
+    fn text(&self) -> &str {
+        self.text.as_deref().unwrap_or_default()
+    }
+
     fn width(&self) -> usize {
-        usize::from(self.text.as_bytes()[0])
+        usize::from(self.text().as_bytes()[0])
     }
 
     fn word(&self, i: usize) -> usize {
-        head_number(self.text.as_bytes(), i)
+        head_number(self.text().as_bytes(), i)
     }
 
     /// Number of entries.
     pub fn len(&self) -> usize {
-        if self.text.is_empty() {
-            0
-        } else {
-            self.word(0)
-        }
+        if self.is_empty() { 0 } else { self.word(0) }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.text.is_empty()
+        self.text.is_none()
+    }
+
+    /// How many maps share this one's buffer (0 when empty).
+    fn holders(&self) -> usize {
+        self.text.as_ref().map_or(0, Arc::strong_count)
     }
 
     /// The end of key (even `i`) or value (odd `i`) number `i / 2`.
@@ -98,12 +108,13 @@ impl Labels {
     }
 
     fn key_at(&self, i: usize) -> &str {
-        &self.text[self.bound(2 * i)..self.end(2 * i)]
+        &self.text()[self.bound(2 * i)..self.end(2 * i)]
     }
 
     fn entry(&self, i: usize) -> (&str, &str) {
         let (start, mid, end) = (self.bound(2 * i), self.end(2 * i), self.end(2 * i + 1));
-        (&self.text[start..mid], &self.text[mid..end])
+        let text = self.text();
+        (&text[start..mid], &text[mid..end])
     }
 
     fn find(&self, key: &str) -> Result<usize, usize> {
@@ -195,7 +206,7 @@ impl Labels {
         }
         debug_assert_eq!(text.len(), size);
         Labels {
-            text: text.into_boxed_str(),
+            text: Some(Arc::from(text)),
         }
     }
 
@@ -211,6 +222,51 @@ impl Labels {
             }
         }
         Labels::from_sorted(&unique)
+    }
+}
+
+/// Interned label maps: [`LabelSets::share`] gives a map the buffer of an equal one already
+/// held, so the pods of one ReplicaSet (equal labels, as a rule) keep one copy between them.
+/// The store interns the labels of the pods it holds.
+#[derive(Debug, Default)]
+pub struct LabelSets {
+    sets: HashSet<Labels>,
+}
+
+impl LabelSets {
+    /// Makes `labels` share the buffer of an equal map interned before, or interns it.
+    pub fn share(&mut self, labels: &mut Labels) {
+        if labels.is_empty() {
+            return;
+        }
+        match self.sets.get(labels) {
+            Some(interned) => *labels = interned.clone(),
+            None => {
+                self.sets.insert(labels.clone());
+            }
+        }
+    }
+
+    /// Called as the holder of `labels` (shared by [`LabelSets::share`]) leaves, while it is
+    /// still alive: forgets the map if that holder was its last. Maps whose last holder left
+    /// without this (a clone kept elsewhere at the time) are swept once they outnumber `live`,
+    /// the holders left.
+    pub fn release(&mut self, labels: &Labels, live: usize) {
+        if labels.holders() == 2 {
+            self.sets.remove(labels);
+        }
+        if self.sets.len() > live {
+            self.sets.retain(|l| l.holders() > 1);
+        }
+    }
+
+    /// How many distinct maps are interned.
+    pub fn len(&self) -> usize {
+        self.sets.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sets.is_empty()
     }
 }
 
@@ -361,7 +417,7 @@ mod tests {
         // A small map spends one byte per number.
         let small = Labels::from([("app", "web"), ("version", "v1")]);
         assert_eq!(small.width(), 1);
-        assert_eq!(small.text.len(), 1 + 5 + "appwebversionv1".len());
+        assert_eq!(small.text().len(), 1 + 5 + "appwebversionv1".len());
         assert_eq!(small.get("version"), Some("v1"));
         assert_eq!(std::mem::size_of::<Labels>(), 16);
     }
@@ -373,5 +429,47 @@ mod tests {
         assert_eq!(Labels::from([("k", "")]).get("k"), Some(""));
         let from_map: Labels = BTreeMap::from([("k".to_string(), "v".to_string())]).into();
         assert_eq!(from_map, Labels::from([("k", "v")]));
+    }
+
+    fn same_buffer(a: &Labels, b: &Labels) -> bool {
+        Arc::ptr_eq(a.text.as_ref().unwrap(), b.text.as_ref().unwrap())
+    }
+
+    #[test]
+    fn label_sets_share_equal_maps_and_forget_each_with_its_last_holder() {
+        let mut sets = LabelSets::default();
+        let mut a = Labels::from([("app", "web"), ("version", "v1")]);
+        let mut b = Labels::from([("version", "v1"), ("app", "web")]);
+        let mut c = Labels::from([("app", "db")]);
+        let mut empty = Labels::new();
+        for labels in [&mut a, &mut b, &mut c, &mut empty] {
+            sets.share(labels);
+        }
+        assert!(same_buffer(&a, &b), "equal maps share one buffer");
+        assert!(!same_buffer(&a, &c));
+        assert_eq!(a, Labels::from([("app", "web"), ("version", "v1")]));
+        assert_eq!(
+            sets.len(),
+            2,
+            "one entry per distinct map; the empty map is not kept"
+        );
+        // b leaves while a still holds the map: it stays.
+        sets.release(&b, 2);
+        drop(b);
+        assert_eq!(sets.len(), 2);
+        let mut again = Labels::from([("app", "web"), ("version", "v1")]);
+        sets.share(&mut again);
+        assert!(same_buffer(&a, &again));
+        sets.release(&again, 2);
+        drop(again);
+        // a was the last holder.
+        sets.release(&a, 1);
+        drop(a);
+        assert_eq!(sets.len(), 1);
+        // c's holder leaves without releasing: the entry is swept once entries outnumber the
+        // holders left.
+        drop(c);
+        sets.release(&empty, 0);
+        assert!(sets.is_empty());
     }
 }

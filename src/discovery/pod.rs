@@ -183,6 +183,11 @@ impl Pod {
         &self.labels
     }
 
+    /// The labels, to share their buffer with an equal map's ([`crate::discovery::labels::LabelSets`]).
+    pub fn labels_mut(&mut self) -> &mut Labels {
+        &mut self.labels
+    }
+
     /// The value of one of the annotations kept (sources keep only those the conversion reads).
     pub fn annotation(&self, key: &str) -> Option<&str> {
         self.annotations().find(|(k, _)| *k == key).map(|(_, v)| v)

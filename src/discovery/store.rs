@@ -11,6 +11,7 @@ use std::hash::{Hash, Hasher};
 use foldhash::{HashMap, HashSet};
 
 use crate::discovery::index::Settings;
+use crate::discovery::labels::LabelSets;
 use crate::discovery::model::{
     AuthorizationPolicy, EndpointSlice, Gateway, GatewayClass, Labels, Namespace, Node, Object,
     ObjectRef, PeerAuthentication, Pod, Service, ServiceEntry, WorkloadEntry,
@@ -542,11 +543,14 @@ impl<'a, T> IntoIterator for &'a SmallSet<T> {
 
 /// Pods by namespace, then name. A pod is keyed by its own `namespace` and `name` fields, so
 /// the store keeps no separate key strings nor a per-namespace name set; each pod is boxed so
-/// that a half-empty table slot costs 8 bytes, not the pod's 80.
+/// that a half-empty table slot costs 8 bytes, not the pod's 32. Equal label maps are stored
+/// once ([`LabelSets`]).
 #[derive(Debug, Default)]
 pub struct Pods {
     by_namespace: HashMap<Box<str>, HashSet<ByName>>,
     len: usize,
+    /// The pods' labels, interned: a ReplicaSet's pods share one buffer.
+    label_sets: LabelSets,
 }
 
 /// A stored pod, hashed and compared by name (unique within its namespace's set).
@@ -580,13 +584,17 @@ impl Pods {
     }
 
     /// Stores a pod; returns the one it replaces.
-    pub fn insert(&mut self, pod: Pod) -> Option<Pod> {
+    pub fn insert(&mut self, mut pod: Pod) -> Option<Pod> {
+        self.label_sets.share(pod.labels_mut());
         let set = match self.by_namespace.get_mut(pod.namespace()) {
             Some(set) => set,
             None => self.by_namespace.entry(pod.namespace().into()).or_default(),
         };
         let old = set.replace(ByName(Box::new(pod))).map(|old| *old.0);
-        self.len += usize::from(old.is_none());
+        match &old {
+            Some(old) => self.label_sets.release(old.labels(), self.len),
+            None => self.len += 1,
+        }
         old
     }
 
@@ -597,6 +605,7 @@ impl Pods {
             self.by_namespace.remove(namespace);
         }
         self.len -= 1;
+        self.label_sets.release(pod.0.labels(), self.len);
         Some(*pod.0)
     }
 
@@ -633,4 +642,42 @@ pub fn slice_pods(slice: &EndpointSlice) -> Vec<Key> {
         .filter(|t| t.kind == "Pod")
         .map(|t| key(&t.namespace, &t.name))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discovery::labels::Labels;
+    use crate::discovery::pod::PodFields;
+
+    fn pod(name: &str, app: &str) -> Pod {
+        Pod::from(PodFields {
+            name: name.into(),
+            namespace: "ns".into(),
+            labels: Labels::from([("app", app), ("pod-template-hash", "7d4b9")]),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn pods_with_equal_labels_share_them_until_the_last_leaves() {
+        let mut pods = Pods::default();
+        for (name, app) in [("web-1", "web"), ("web-2", "web"), ("db-1", "db")] {
+            assert!(pods.insert(pod(name, app)).is_none());
+        }
+        assert_eq!(pods.label_sets.len(), 2);
+        let web = |name| pods.get("ns", name).unwrap().labels().clone();
+        assert_eq!(web("web-1"), web("web-2"));
+        // Replacing a pod (a status change) keeps its labels interned for its sibling.
+        assert!(pods.insert(pod("web-1", "web")).is_some());
+        assert_eq!(pods.label_sets.len(), 2);
+        // A relabelled pod moves to its new map.
+        assert!(pods.insert(pod("db-1", "web")).is_some());
+        assert_eq!(pods.label_sets.len(), 1);
+        for name in ["web-1", "web-2", "db-1"] {
+            assert!(pods.remove("ns", name).is_some());
+        }
+        assert!(pods.label_sets.is_empty());
+        assert!(pods.is_empty());
+    }
 }
