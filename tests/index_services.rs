@@ -62,7 +62,7 @@ fn service_becomes_service_resource() {
         .get(key.as_str())
         .cloned()
         .unwrap();
-    assert!(resource.is_service);
+    assert!(resource.is_service());
 }
 
 #[test]

@@ -35,7 +35,7 @@ fn contents(snapshot: &Snapshot) -> Contents {
                 (type_url, name.to_string()),
                 (
                     resource.version.to_string(),
-                    resource.value.to_vec().into(),
+                    resource.value().to_vec().into(),
                     Vec::new(),
                 ),
             );

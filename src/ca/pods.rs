@@ -194,10 +194,10 @@ impl PodTable {
 /// `None`.
 fn pod_row(resource: &crate::discovery::Resource) -> Option<Row> {
     // Pods only: WorkloadEntries and ServiceEntry endpoints are also of type POD.
-    if resource.is_service || !resource.name.contains("//Pod/") {
+    if resource.is_service() || !resource.name.contains("//Pod/") {
         return None;
     }
-    let address = Address::decode(&resource.value[..]).ok()?;
+    let address = Address::decode(&resource.value()[..]).ok()?;
     let Some(address::Type::Workload(workload)) = address.r#type else {
         return None;
     };

@@ -38,8 +38,8 @@ fn workloads(snapshot: &Snapshot) -> impl Iterator<Item = Workload> + '_ {
     snapshot
         .addresses
         .values()
-        .filter(|r| !r.is_service)
-        .filter_map(|r| match Address::decode(&r.value[..]).ok()?.r#type {
+        .filter(|r| !r.is_service())
+        .filter_map(|r| match Address::decode(&r.value()[..]).ok()?.r#type {
             Some(address::Type::Workload(w)) => Some(w),
             _ => None,
         })
@@ -137,7 +137,7 @@ pub async fn authorize(State(state): State<DebugState>, Query(q): Query<ExplainQ
     let policies: Vec<Authorization> = snapshot
         .authorizations
         .values()
-        .filter_map(|r| Authorization::decode(&r.value[..]).ok())
+        .filter_map(|r| Authorization::decode(&r.value()[..]).ok())
         .collect();
     let refs: Vec<&Authorization> = policies.iter().collect();
     let destination_ip = target

@@ -70,7 +70,7 @@ pub async fn page(State(state): State<DebugState>) -> Html<String> {
     );
     match &snapshot {
         Some(s) => {
-            let services = s.addresses.values().filter(|r| r.is_service).count();
+            let services = s.addresses.values().filter(|r| r.is_service()).count();
             let _ = write!(
                 html,
                 "<h2>Mesh</h2><table><tr><th>workloads</th><th>services</th><th>policies</th></tr>\

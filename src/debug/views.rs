@@ -246,7 +246,7 @@ pub async fn ambientz(
         if !wanted(&value) {
             continue;
         }
-        if resource.is_service {
+        if resource.is_service() {
             services.push(value);
         } else {
             workloads.push(value);

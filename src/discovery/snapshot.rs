@@ -4,10 +4,11 @@
 //! versions for the same content and an unchanged resource is never re-sent. A snapshot is a set
 //! of persistent maps: cloning it is O(1), and the index updates it in O(log n) per resource.
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes};
 use prost::Message;
 
 use crate::discovery::alias::{Alias, Networks, addresses_of};
@@ -66,37 +67,99 @@ pub type Name = Arc<str>;
 /// One xDS resource, encoded once and shared by every connection that sends it.
 ///
 /// 96 bytes with its `Arc` (there is one per workload): the index's links (services, node,
-/// waypoints) share one slice (its `network/ip` aliases are read from the value when needed), and the value is a plain boxed slice (a `Bytes` is 32
-/// bytes and allocates a shared header on its first clone; sends copy from the slice anyway).
+/// waypoints) share one slice (its `network/ip` aliases are read from the value when needed),
+/// and the value is a plain boxed slice (a `Bytes` is 32 bytes and allocates a shared header on
+/// its first clone; sends copy from the slice anyway).
+///
+/// A workload's value repeats its name: the uid field is the resource name, and the `name`
+/// field after it is the uid's last segment. Those bytes are left out of the stored slice and
+/// written back from [`Resource::name`] as the value is sent ([`Resource::write_value`]), which
+/// takes a 100k-pod mesh's values from the 256-byte size class to the 192-byte one.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Resource {
     /// The xDS name: a workload uid, `ns/hostname` for a service, `ns/name` for a policy.
     pub name: Name,
     /// xxhash64 of the encoded `Any` value, sent as hex.
     pub version: Version,
-    /// The encoded message: the `Any`'s value, shared (not copied) by every send.
-    pub value: Box<[u8]>,
+    /// The encoded message (the `Any`'s value) without the bytes that repeat the name:
+    /// [`Resource::value`] puts them back.
+    packed: Box<[u8]>,
     /// [`Resource::services`], then [`Resource::node`], then [`Resource::waypoints`], then a
     /// pod uid that is not a UUID: one allocation for what the index's lookups need.
     links: Box<[Name]>,
     /// For a pod's workload, its uid's bytes when it is a UUID ([`Resource::pod_uid`]).
     uuid: [u8; 16],
-    /// [`NO_UID`], [`UUID`] or [`TEXT_UID`] (the last link).
-    uid: u8,
-    /// How many `network/ip` aliases the index holds for it (set when stored): a change that
-    /// keeps them all need not read the old value's.
-    pub(crate) alias_count: u16,
-    services: u16,
-    has_node: bool,
-    /// Whether this Address holds a Service (else a Workload).
-    pub is_service: bool,
+    /// The pod uid's form in the low bits ([`NO_UID`], [`UUID`] or [`TEXT_UID`], the last
+    /// link), and [`HAS_NODE`] and [`IS_SERVICE`].
+    bits: u8,
     /// The resource type, which names the `Any`'s type URL (a byte, not a string per resource).
     pub kind: TypeKind,
+    /// How many `network/ip` aliases the index holds for it (set when stored): a change that
+    /// keeps them all need not read the old value's.
+    /// Saturates at [`Resource::MANY_ALIASES`].
+    pub(crate) alias_count: u8,
+    services: u16,
+    /// Where the value holds the name, counted in the packed bytes (0: it does not; no value
+    /// starts with it, a field's key comes first).
+    name_at: u16,
+    /// How many of the name's last bytes the first field of the message holds, left out of
+    /// the packed bytes (0: none).
+    tail_len: u8,
 }
 
 const NO_UID: u8 = 0;
 const UUID: u8 = 1;
 const TEXT_UID: u8 = 2;
+const UID_BITS: u8 = 3;
+const HAS_NODE: u8 = 4;
+const IS_SERVICE: u8 = 8;
+
+/// Where the first field of the message in `value`'s first field starts, and its length, when
+/// both fields are length-delimited with one-byte keys and the inner one is under 128 bytes (a
+/// Workload's `name` in an Address).
+fn first_inner_field(value: &[u8]) -> Option<(usize, usize)> {
+    let length_delimited = |key: u8| key < 0x80 && key & 7 == 2;
+    if !length_delimited(*value.first()?) {
+        return None;
+    }
+    // The outer field's length: a varint.
+    let varint = value[1..].iter().position(|b| b & 0x80 == 0)? + 1;
+    let at = 1 + varint;
+    match value.get(at..at + 2)? {
+        [key, len] if length_delimited(*key) && *len < 0x80 => Some((at + 2, usize::from(*len))),
+        _ => None,
+    }
+}
+
+/// How a value repeats its resource's name: where (in the value) it holds the whole name, and
+/// whether the first field of its message is a tail of the name, as a Workload's `name` is of
+/// its uid: the `(name_at, tail_len)` of a [`Resource`], with `name_at` counted in the value.
+fn repeats_of_name(value: &[u8], name: &[u8]) -> (usize, usize) {
+    if name.is_empty() {
+        return (0, 0);
+    }
+    // Not at 0 (a field's key comes first), which stands for "nowhere".
+    let Some(at) = value
+        .get(1..)
+        .and_then(|rest| memchr::memmem::find(rest, name))
+        .map(|at| at + 1)
+    else {
+        return (0, 0);
+    };
+    let tail = match first_inner_field(value) {
+        Some((start, len))
+            if len > 0 && start + len <= at && name.ends_with(&value[start..start + len]) =>
+        {
+            len
+        }
+        _ => 0,
+    };
+    // Offsets are kept in 16 bits.
+    if at - tail > usize::from(u16::MAX) {
+        return (0, 0);
+    }
+    (at, tail)
+}
 
 /// What the index looks a resource up by, besides its name (see [`Resource::with_links`]).
 #[derive(Debug, Default)]
@@ -113,20 +176,103 @@ pub struct Links {
 impl Resource {
     /// Encodes `message` as an `Any` of `kind`'s type URL and versions it by content.
     pub fn encode<M: Message>(kind: TypeKind, name: impl Into<Name>, message: &M) -> Self {
-        let value = message.encode_to_vec().into_boxed_slice();
+        let value = message.encode_to_vec();
+        let name: Name = name.into();
+        let version = Version::of(&value);
+        let (name_at, tail_len) = repeats_of_name(&value, name.as_bytes());
+        let packed: Box<[u8]> = if name_at == 0 {
+            value.into_boxed_slice()
+        } else {
+            let tail_at = first_inner_field(&value).map_or(0, |(start, _)| start);
+            let mut packed = Vec::with_capacity(value.len() - name.len() - tail_len);
+            packed.extend_from_slice(&value[..tail_at]);
+            packed.extend_from_slice(&value[tail_at + tail_len..name_at]);
+            packed.extend_from_slice(&value[name_at + name.len()..]);
+            packed.into_boxed_slice()
+        };
         Resource {
-            name: name.into(),
-            version: Version::of(&value),
-            value,
+            name,
+            version,
+            packed,
             links: Box::default(),
             uuid: [0; 16],
-            uid: NO_UID,
+            bits: NO_UID,
+            kind,
             alias_count: 0,
             services: 0,
-            has_node: false,
-            is_service: false,
-            kind,
+            name_at: (name_at - tail_len) as u16,
+            tail_len: tail_len as u8,
         }
+    }
+
+    /// The pieces of the encoded value, in order: packed bytes, the name's tail, packed bytes,
+    /// the name, packed bytes (empty pieces where the value does not repeat the name).
+    fn value_pieces(&self) -> [&[u8]; 5] {
+        let p = &self.packed[..];
+        if self.name_at == 0 {
+            return [p, &[], &[], &[], &[]];
+        }
+        let at = usize::from(self.name_at);
+        let name = self.name.as_bytes();
+        let tail = &name[name.len() - usize::from(self.tail_len)..];
+        let tail_at = match tail {
+            [] => 0,
+            // The bytes before the tail are the value's own.
+            _ => first_inner_field(p).map_or(0, |(start, _)| start),
+        };
+        [&p[..tail_at], tail, &p[tail_at..at], name, &p[at..]]
+    }
+
+    /// The encoded message, the `Any`'s value (borrowed unless it repeats the name).
+    pub fn value(&self) -> Cow<'_, [u8]> {
+        if self.name_at == 0 {
+            Cow::Borrowed(&self.packed)
+        } else {
+            let mut value = Vec::with_capacity(self.value_len());
+            self.write_value(&mut value);
+            Cow::Owned(value)
+        }
+    }
+
+    /// The encoded value's length.
+    pub fn value_len(&self) -> usize {
+        self.value_pieces().iter().map(|p| p.len()).sum()
+    }
+
+    /// Writes the encoded value, as sent.
+    pub fn write_value(&self, buf: &mut impl BufMut) {
+        for piece in self.value_pieces() {
+            buf.put_slice(piece);
+        }
+    }
+
+    /// Whether `other`, a resource of the same name, has the same value (the bytes left out
+    /// depend only on the value and the name).
+    pub fn same_value(&self, other: &Resource) -> bool {
+        debug_assert_eq!(self.name, other.name);
+        self.packed == other.packed
+            && self.name_at == other.name_at
+            && self.tail_len == other.tail_len
+    }
+
+    fn uid_form(&self) -> u8 {
+        self.bits & UID_BITS
+    }
+
+    fn set_uid_form(&mut self, form: u8) {
+        self.bits = self.bits & !UID_BITS | form;
+    }
+
+    fn has_node(&self) -> bool {
+        self.bits & HAS_NODE != 0
+    }
+
+    /// [`Resource::alias_count`] for this many aliases or more.
+    pub(crate) const MANY_ALIASES: u8 = u8::MAX;
+
+    /// Whether this Address holds a Service (else a Workload).
+    pub fn is_service(&self) -> bool {
+        self.bits & IS_SERVICE != 0
     }
 
     /// This resource with the index's lookup keys (and no pod uid: set that after).
@@ -137,7 +283,7 @@ impl Resource {
             waypoints,
         } = links;
         self.services = u16::try_from(services.len()).expect("under 65536 services");
-        self.has_node = node.is_some();
+        self.bits = if node.is_some() { HAS_NODE } else { 0 } | self.bits & IS_SERVICE;
         // At its exact size: a shrinking re-allocation within half the block stays in place
         // (mimalloc), so three names grown into a four-name vector would keep 64 B, not 48.
         let mut all =
@@ -146,14 +292,14 @@ impl Resource {
         all.extend(node);
         all.extend(waypoints);
         self.links = all.into_boxed_slice();
-        self.uid = NO_UID;
+        self.set_uid_form(NO_UID);
         self
     }
 
     /// For a pod's workload: the pod's Kubernetes `metadata.uid` (the CA checks a token's pod
     /// binding against it). Not sent; a pod re-created under its name changes only this.
     pub fn pod_uid(&self) -> Option<Uid<'_>> {
-        match self.uid {
+        match self.uid_form() {
             UUID => Some(Uid::Uuid(self.uuid)),
             TEXT_UID => self.links.last().map(|text| Uid::Text(text)),
             _ => None,
@@ -162,28 +308,32 @@ impl Resource {
 
     /// Sets the pod uid (after the links: a text uid is the last of them).
     pub fn set_pod_uid(&mut self, uid: Uid<'_>) {
-        if self.uid == TEXT_UID {
+        if self.uid_form() == TEXT_UID {
             let mut links = std::mem::take(&mut self.links).into_vec();
             links.pop();
             self.links = links.into_boxed_slice();
         }
-        (self.uuid, self.uid) = ([0; 16], NO_UID);
+        self.uuid = [0; 16];
+        self.set_uid_form(NO_UID);
         match uid {
-            Uid::Uuid(bytes) => (self.uuid, self.uid) = (bytes, UUID),
+            Uid::Uuid(bytes) => {
+                self.uuid = bytes;
+                self.set_uid_form(UUID);
+            }
             Uid::Text("") => {}
             Uid::Text(text) => {
                 let mut links = std::mem::take(&mut self.links).into_vec();
                 links.reserve_exact(1);
                 links.push(text.into());
                 self.links = links.into_boxed_slice();
-                self.uid = TEXT_UID;
+                self.set_uid_form(TEXT_UID);
             }
         }
     }
 
     /// This resource marked as holding a Service.
     pub fn service(mut self) -> Self {
-        self.is_service = true;
+        self.bits |= IS_SERVICE;
         self
     }
 
@@ -193,7 +343,7 @@ impl Resource {
         if self.kind != TypeKind::Address {
             return Vec::new();
         }
-        let mut aliases: Vec<Alias> = addresses_of(&self.value)
+        let mut aliases: Vec<Alias> = addresses_of(&self.value())
             .into_iter()
             .map(|(network, ip, prefix)| networks.alias(&network, ip, prefix))
             .collect();
@@ -211,24 +361,21 @@ impl Resource {
     /// For a workload: the node it runs on (shared with the `by_node` key once stored).
     pub fn node(&self) -> Option<&Name> {
         let at = usize::from(self.services);
-        self.has_node.then(|| &self.links[at])
+        self.has_node().then(|| &self.links[at])
     }
 
     /// Lookup keys of the waypoint this workload or service uses.
     pub fn waypoints(&self) -> &[Name] {
-        let end = self.links.len() - usize::from(self.uid == TEXT_UID);
-        let from = usize::from(self.services) + usize::from(self.has_node);
+        let end = self.links.len() - usize::from(self.uid_form() == TEXT_UID);
+        let from = usize::from(self.services) + usize::from(self.has_node());
         &self.links[from..end]
     }
 
     /// Services and node, to be swapped for the index's shared copies.
     pub(crate) fn shared_links_mut(&mut self) -> (&mut [Name], Option<&mut Name>) {
+        let has_node = self.has_node();
         let (services, rest) = self.links.split_at_mut(usize::from(self.services));
-        let node = if self.has_node {
-            rest.first_mut()
-        } else {
-            None
-        };
+        let node = if has_node { rest.first_mut() } else { None };
         (services, node)
     }
 
@@ -237,7 +384,7 @@ impl Resource {
     /// shares with the index are taken.
     pub(crate) fn take_links_of(&mut self, other: &Resource) {
         self.alias_count = other.alias_count;
-        let shared = usize::from(other.services) + usize::from(other.has_node);
+        let shared = usize::from(other.services) + usize::from(other.has_node());
         self.links[..shared].clone_from_slice(&other.links[..shared]);
     }
 
@@ -246,11 +393,11 @@ impl Resource {
         self.kind.type_url()
     }
 
-    /// The payload as sent (a copy; the push path writes from [`Resource::value`]).
+    /// The payload as sent (a copy; the push path writes with [`Resource::write_value`]).
     pub fn any(&self) -> Any {
         Any {
             type_url: self.type_url().to_string(),
-            value: Bytes::copy_from_slice(&self.value),
+            value: Bytes::from(self.value().into_owned()),
         }
     }
 }
@@ -618,7 +765,7 @@ impl Snapshot {
     pub fn lookup_addresses(&self, key: &str) -> Vec<String> {
         if let Some(resource) = self.addresses.get(key) {
             let mut names = vec![resource.name.to_string()];
-            if resource.is_service
+            if resource.is_service()
                 && let Some(members) = self.members.get(key)
             {
                 names.extend(members.iter().map(|n| n.to_string()));
@@ -628,7 +775,7 @@ impl Snapshot {
         let Some(found) = self.alias(key) else {
             return Vec::new();
         };
-        let is_service = |name: &Name| self.addresses.get(name).is_some_and(|r| r.is_service);
+        let is_service = |name: &Name| self.addresses.get(name).is_some_and(|r| r.is_service());
         let workloads: Vec<String> = found
             .iter()
             .filter(|n| !is_service(n))
@@ -659,6 +806,62 @@ impl Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pb::istio::workload::{Address, Workload, address};
+
+    fn workload(uid: &str, name: &str) -> Address {
+        Address {
+            r#type: Some(address::Type::Workload(Workload {
+                uid: uid.into(),
+                name: name.into(),
+                namespace: "ns".into(),
+                service_account: "web".into(),
+                ..Default::default()
+            })),
+        }
+    }
+
+    #[test]
+    fn a_workload_value_keeps_its_name_once_and_reads_back_whole() {
+        let uid = "Kubernetes//Pod/ns/web-7d4b9-x2x";
+        let message = workload(uid, "web-7d4b9-x2x");
+        let encoded = message.encode_to_vec();
+        let resource = Resource::encode(TypeKind::Address, uid, &message);
+        assert_eq!(
+            resource.packed.len(),
+            encoded.len() - uid.len() - "web-7d4b9-x2x".len()
+        );
+        assert_eq!(resource.value(), encoded);
+        assert_eq!(resource.value_len(), encoded.len());
+        assert_eq!(resource.version, Version::of(&encoded));
+        let mut written = Vec::new();
+        resource.write_value(&mut written);
+        assert_eq!(written, encoded);
+        assert_eq!(Address::decode(&resource.value()[..]).unwrap(), message);
+        assert_eq!(resource.any().value, encoded);
+
+        // A name that is not the uid's tail: only the uid is left out.
+        let entry = workload(uid, "other");
+        let resource = Resource::encode(TypeKind::Address, uid, &entry);
+        assert_eq!(resource.packed.len(), entry.encoded_len() - uid.len());
+        assert_eq!(resource.value(), entry.encode_to_vec());
+        // A value that ends with the name, and one without it (a service's, a policy's).
+        let last = Workload {
+            uid: "w".into(),
+            ..Default::default()
+        };
+        let resource = Resource::encode(TypeKind::Address, "w", &last);
+        assert_eq!(resource.value(), last.encode_to_vec());
+        assert_eq!(resource.packed.len(), 3);
+        let other = Resource::encode(TypeKind::Address, "ns/svc", &message);
+        assert!(matches!(other.value(), Cow::Borrowed(_)));
+        assert_eq!(other.value(), encoded);
+
+        // Equal values compare equal without being rebuilt; different ones do not.
+        let again = Resource::encode(TypeKind::Address, uid, &workload(uid, "web-7d4b9-x2x"));
+        let changed = Resource::encode(TypeKind::Address, uid, &entry);
+        assert!(again.same_value(&Resource::encode(TypeKind::Address, uid, &message)));
+        assert!(!again.same_value(&changed));
+    }
 
     #[test]
     fn one_name_is_kept_inline_and_more_are_shared() {
@@ -719,7 +922,7 @@ mod tests {
                 ..Links::default()
             })
             .service();
-        assert!(bare.is_service && bare.services().is_empty());
+        assert!(bare.is_service() && bare.services().is_empty());
         assert_eq!(bare.node(), None);
         assert_eq!(bare.waypoints(), [Name::from("/10.0.0.9")]);
 

@@ -61,7 +61,7 @@ fn opt_len(tag: u32, len: usize) -> usize {
 
 /// The encoded `Any` of a resource.
 fn any_len(r: &Resource) -> usize {
-    opt_len(ANY_TYPE_URL, r.type_url().len()) + opt_len(ANY_VALUE, r.value.len())
+    opt_len(ANY_TYPE_URL, r.type_url().len()) + opt_len(ANY_VALUE, r.value_len())
 }
 
 /// The encoded `Resource` message (version, the `Any`, name).
@@ -101,7 +101,12 @@ impl Outgoing<'_> {
             encode_key(RESOURCE_ANY, WireType::LengthDelimited, &mut buf);
             encode_varint(any_len(r) as u64, &mut buf);
             put_field(&mut buf, ANY_TYPE_URL, r.type_url().as_bytes());
-            put_field(&mut buf, ANY_VALUE, &r.value);
+            let value_len = r.value_len();
+            if value_len > 0 {
+                encode_key(ANY_VALUE, WireType::LengthDelimited, &mut buf);
+                encode_varint(value_len as u64, &mut buf);
+                r.write_value(&mut buf);
+            }
             put_field(&mut buf, RESOURCE_NAME, r.name.as_bytes());
         }
         put_field(&mut buf, RESPONSE_TYPE_URL, self.type_url.as_bytes());
@@ -158,6 +163,21 @@ mod tests {
         .encode_to_vec()
     }
 
+    const WORKLOAD_UID: &str = "Kubernetes//Pod/ns/web-7d4b9-x2x";
+
+    fn workload() -> crate::pb::istio::workload::Address {
+        use crate::pb::istio::workload::{Workload, address};
+        crate::pb::istio::workload::Address {
+            r#type: Some(address::Type::Workload(Workload {
+                uid: WORKLOAD_UID.into(),
+                name: "web-7d4b9-x2x".into(),
+                namespace: "ns".into(),
+                addresses: vec![vec![10, 0, 0, 7].into()],
+                ..Default::default()
+            })),
+        }
+    }
+
     #[test]
     fn frames_exactly_what_prost_encodes() {
         let resources = [
@@ -165,6 +185,12 @@ mod tests {
             resource("ns/svc.ns.svc.cluster.local", 200),
             // Long enough that lengths take two varint bytes.
             resource(&"x".repeat(300), 20_000),
+            // A workload, whose stored value leaves out its uid and name.
+            Arc::new(Resource::encode(
+                crate::discovery::names::TypeKind::Address,
+                WORKLOAD_UID,
+                &workload(),
+            )),
         ];
         let removed = ["gone".to_string(), "/10.0.0.9".to_string()];
         let cases = [
@@ -204,7 +230,11 @@ mod tests {
                 assert_eq!(d.name.as_str(), &*r.name);
                 assert!(r.version.is(&d.version), "{}", d.version);
                 assert!(d.aliases.is_empty());
-                assert_eq!(d.resource.as_ref().unwrap().value[..], r.value[..]);
+                assert_eq!(d.resource.as_ref().unwrap().value[..], r.value()[..]);
+                if *r.name == *WORKLOAD_UID {
+                    let value = &d.resource.as_ref().unwrap().value;
+                    assert_eq!(value[..], workload().encode_to_vec()[..]);
+                }
             }
         }
     }

@@ -720,7 +720,7 @@ impl Connection {
                 removed: &part.removed,
             }
             .frame();
-            let bytes: usize = part.resources.iter().map(|r| r.value.len()).sum();
+            let bytes: usize = part.resources.iter().map(|r| r.value_len()).sum();
             if let Some(state) = self.types.get_mut(&kind) {
                 state.last_nonce = nonce;
                 state.in_flight.sent(self.sent);

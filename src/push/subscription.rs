@@ -500,7 +500,7 @@ pub fn split(delta: Delta, max_bytes: usize) -> Vec<Delta> {
     let size = |r: &Resource| {
         // The Any and its type URL, name, version, and each field's tag and length (aliases
         // are not sent: `push::response`).
-        r.value.len() + r.type_url().len() + r.name.len() + r.version.hex_len() + 16
+        r.value_len() + r.type_url().len() + r.name.len() + r.version.hex_len() + 16
     };
     let total: usize = delta.resources.iter().map(|r| size(r)).sum();
     if total <= max_bytes {

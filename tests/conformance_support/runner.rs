@@ -403,7 +403,7 @@ impl Run {
             let names: BTreeSet<&Arc<str>> = a.keys().chain(b.keys()).collect();
             for name in names {
                 let (x, y) = (a.get(&**name), b.get(&**name));
-                if x.map(|r| &r.value) != y.map(|r| &r.value) {
+                if x.map(|r| r.value()) != y.map(|r| r.value()) {
                     differences.push(format!(
                         "{kind} {name:?}: incremental {}, fresh {}",
                         summary(x),
@@ -516,7 +516,7 @@ fn decode_address(resource: &ambientd::discovery::Resource) -> Result<Addr, Stri
     if resource.type_url() != ADDRESS_TYPE {
         return Err(format!("type_url {:?}", resource.type_url()));
     }
-    let message = Address::decode(&resource.value[..]).map_err(|e| e.to_string())?;
+    let message = Address::decode(&resource.value()[..]).map_err(|e| e.to_string())?;
     match message.r#type {
         Some(address::Type::Workload(w)) => Ok(Addr::Workload(Box::new(w))),
         Some(address::Type::Service(s)) => Ok(Addr::Service(Box::new(s))),
@@ -567,7 +567,7 @@ impl View {
                 ));
                 continue;
             }
-            match Authorization::decode(&resource.value[..]) {
+            match Authorization::decode(&resource.value()[..]) {
                 Ok(a) => {
                     if format!("{}/{}", a.namespace, a.name) != **name {
                         view.problems.push(format!(

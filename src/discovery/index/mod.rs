@@ -452,7 +452,7 @@ impl Index {
             return self.set_address(name, new, changes);
         }
         let old = self.authorizations.get_key_value(name);
-        if old.map(|(_, r)| &r.value) == new.as_ref().map(|r| &r.value) {
+        if same_value(old.map(|(_, r)| &**r), new.as_ref()) {
             return;
         }
         let old_key = old.map(|(key, _)| key.clone());
@@ -478,7 +478,7 @@ impl Index {
             .addresses
             .get_key_value(name)
             .map(|(key, r)| (key.clone(), r.clone()));
-        if old.as_ref().map(|(_, r)| &r.value) == new.as_ref().map(|r| &r.value) {
+        if same_value(old.as_ref().map(|(_, r)| &**r), new.as_ref()) {
             // Same bytes; only a re-created pod's uid (never sent) may differ.
             if let (Some((key, old)), Some(mut new)) = (&old, new)
                 && old.pod_uid() != new.pod_uid()
@@ -493,7 +493,7 @@ impl Index {
         let changes = changes.of_mut(TypeKind::Address);
         let Some(mut new) = new else {
             if let Some((key, old)) = old {
-                self.service_count -= usize::from(old.is_service);
+                self.service_count -= usize::from(old.is_service());
                 for alias in old.aliases(&mut self.networks) {
                     remove_name(&mut self.aliases, &alias, &key);
                 }
@@ -511,15 +511,16 @@ impl Index {
         // Only the links that differ from the old resource's touch the indexes (a pod turning
         // ready changes none), and a name that stays keeps its stored strings.
         let aliases = new.aliases(&mut self.networks);
-        new.alias_count = u16::try_from(aliases.len()).expect("under 65536 addresses");
+        new.alias_count = u8::try_from(aliases.len()).unwrap_or(Resource::MANY_ALIASES);
         let mut aliases_kept = false;
         let key = match &old {
             Some((key, old)) => {
-                self.service_count -= usize::from(old.is_service);
+                self.service_count -= usize::from(old.is_service());
                 // The index holds `key` under exactly the old resource's aliases: if it holds
                 // it under each new one and they are as many, they are the same (a pod turning
                 // ready), and the old value need not be read.
                 aliases_kept = old.alias_count == new.alias_count
+                    && new.alias_count < Resource::MANY_ALIASES
                     && aliases.iter().all(|a| {
                         self.aliases
                             .get(a)
@@ -547,7 +548,7 @@ impl Index {
             None => new.name.clone(),
         };
         new.name = key.clone();
-        self.service_count += usize::from(new.is_service);
+        self.service_count += usize::from(new.is_service());
         if !aliases_kept {
             // An alias the name already has is left as it is.
             for alias in &aliases {
@@ -603,4 +604,13 @@ fn remove_name<K: Hash + Ord + Clone + Borrow<Q>, Q: Hash + Ord + ?Sized>(
 /// (about 5 B a resource at most), and never less than [`MIN_HISTORY_NAMES`].
 fn history_budget(resources: usize) -> usize {
     (resources / 8).max(MIN_HISTORY_NAMES)
+}
+
+/// Whether a resource (or its absence) is unchanged, by its value.
+fn same_value(old: Option<&Resource>, new: Option<&Resource>) -> bool {
+    match (old, new) {
+        (Some(old), Some(new)) => old.same_value(new),
+        (None, None) => true,
+        _ => false,
+    }
 }
