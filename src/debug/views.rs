@@ -1,7 +1,7 @@
 //! The JSON views: connections and their sync state, what each proxy was sent, and the mesh.
 
+use crate::discovery::snapshot::Name;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::SystemTime;
 
 use axum::Json;
@@ -238,7 +238,7 @@ pub async fn ambientz(
     };
     let mut workloads = Vec::new();
     let mut services = Vec::new();
-    let mut names: Vec<&Arc<str>> = snapshot.addresses.keys().collect();
+    let mut names: Vec<&Name> = snapshot.addresses.keys().collect();
     names.sort();
     for name in names {
         let resource = &snapshot.addresses[name];
@@ -252,7 +252,7 @@ pub async fn ambientz(
             workloads.push(value);
         }
     }
-    let mut policy_names: Vec<&Arc<str>> = snapshot.authorizations.keys().collect();
+    let mut policy_names: Vec<&Name> = snapshot.authorizations.keys().collect();
     policy_names.sort();
     let mut policies: Vec<Value> = policy_names
         .into_iter()

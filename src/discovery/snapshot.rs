@@ -62,7 +62,9 @@ impl std::fmt::Display for Version {
 
 /// A resource name. One allocation shared by the resource, its map key, the alias, member and
 /// node indexes and the change history (a workload's uid was stored five times as `String`s).
-pub type Name = Arc<str>;
+/// An `ArcStr` keeps the length in the allocation, so each of those holders is a thin 8-byte
+/// pointer (an `Arc<str>` is 16): about 30 B per pod in a 100k-pod mesh.
+pub type Name = arcstr::ArcStr;
 
 /// One xDS resource, encoded once and shared by every connection that sends it.
 ///

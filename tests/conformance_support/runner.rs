@@ -400,7 +400,8 @@ impl Run {
                 &fresh.authorizations,
             ),
         ] {
-            let names: BTreeSet<&Arc<str>> = a.keys().chain(b.keys()).collect();
+            let names: BTreeSet<&ambientd::discovery::snapshot::Name> =
+                a.keys().chain(b.keys()).collect();
             for name in names {
                 let (x, y) = (a.get(&**name), b.get(&**name));
                 if x.map(|r| r.value()) != y.map(|r| r.value()) {
@@ -475,10 +476,10 @@ fn alias_texts(snapshot: &Snapshot) -> BTreeMap<String, Vec<String>> {
 }
 
 fn sorted<'a, S: 'a + ?Sized>(
-    entries: impl Iterator<Item = (&'a Arc<str>, &'a S)>,
+    entries: impl Iterator<Item = (&'a ambientd::discovery::snapshot::Name, &'a S)>,
 ) -> BTreeMap<String, Vec<String>>
 where
-    &'a S: IntoIterator<Item = &'a Arc<str>>,
+    &'a S: IntoIterator<Item = &'a ambientd::discovery::snapshot::Name>,
 {
     entries
         .map(|(k, v)| {
