@@ -12,11 +12,10 @@
 //! (the last value of a repeated key wins, as `BTreeMap::from_iter`); `insert` rebuilds, and is
 //! meant for tests and merges, not hot paths.
 
+use arcstr::ArcStr;
+use foldhash::HashSet;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
-
-use foldhash::HashSet;
 
 /// A sorted map of label keys to values, packed into one allocation.
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
@@ -25,8 +24,8 @@ pub struct Labels {
     /// of each key and value (`2 * len` of them, counted from the start of the buffer); each
     /// number as `w` bytes of seven bits. Then every key and value, in order: `k0 v0 k1 v1 ...`.
     /// `None` when there are no entries. Shared, so that equal maps interned by [`LabelSets`]
-    /// (the pods of one ReplicaSet) hold one buffer.
-    text: Option<Arc<str>>,
+    /// (the pods of one ReplicaSet) hold one buffer; a thin pointer, so a map is 8 bytes.
+    text: Option<ArcStr>,
 }
 
 /// The widest head number: four bytes of seven bits, so a map of 256 MiB at most.
@@ -86,7 +85,10 @@ impl Labels {
 
     /// How many maps share this one's buffer (0 when empty).
     fn holders(&self) -> usize {
-        self.text.as_ref().map_or(0, Arc::strong_count)
+        self.text
+            .as_ref()
+            .and_then(ArcStr::strong_count)
+            .unwrap_or(0)
     }
 
     /// The end of key (even `i`) or value (odd `i`) number `i / 2`.
@@ -206,7 +208,7 @@ impl Labels {
         }
         debug_assert_eq!(text.len(), size);
         Labels {
-            text: Some(Arc::from(text)),
+            text: Some(ArcStr::from(text)),
         }
     }
 
@@ -419,7 +421,7 @@ mod tests {
         assert_eq!(small.width(), 1);
         assert_eq!(small.text().len(), 1 + 5 + "appwebversionv1".len());
         assert_eq!(small.get("version"), Some("v1"));
-        assert_eq!(std::mem::size_of::<Labels>(), 16);
+        assert_eq!(std::mem::size_of::<Labels>(), 8);
     }
 
     #[test]
@@ -432,7 +434,7 @@ mod tests {
     }
 
     fn same_buffer(a: &Labels, b: &Labels) -> bool {
-        Arc::ptr_eq(a.text.as_ref().unwrap(), b.text.as_ref().unwrap())
+        ArcStr::ptr_eq(a.text.as_ref().unwrap(), b.text.as_ref().unwrap())
     }
 
     #[test]

@@ -684,8 +684,8 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_is_32_bytes_and_one_block_besides_its_labels() {
-        assert_eq!(std::mem::size_of::<Pod>(), 32);
+    fn a_pod_is_24_bytes_and_one_block_besides_its_labels() {
+        assert_eq!(std::mem::size_of::<Pod>(), 24);
         let pod = Pod::from(full());
         // The generate name and the owner's name are the name's prefixes: not in the text; a
         // uid that is not a UUID is the last string.

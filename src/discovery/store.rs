@@ -543,7 +543,7 @@ impl<'a, T> IntoIterator for &'a SmallSet<T> {
 
 /// Pods by namespace, then name. A pod is keyed by its own `namespace` and `name` fields, so
 /// the store keeps no separate key strings nor a per-namespace name set; each pod is boxed so
-/// that a half-empty table slot costs 8 bytes, not the pod's 32. Equal label maps are stored
+/// that a half-empty table slot costs 8 bytes, not the pod's 24. Equal label maps are stored
 /// once ([`LabelSets`]).
 #[derive(Debug, Default)]
 pub struct Pods {
