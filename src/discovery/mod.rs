@@ -11,6 +11,7 @@ pub mod entry;
 pub mod evaluator;
 pub mod index;
 pub mod labels;
+pub mod links;
 pub mod membership;
 pub mod model;
 pub mod names;

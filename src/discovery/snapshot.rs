@@ -13,6 +13,7 @@ use prost::Message;
 
 use crate::discovery::alias::{Alias, Networks, addresses_of};
 use crate::discovery::authorization::PolicyStatus;
+use crate::discovery::links::{waypoint_of, workload_links};
 use crate::discovery::names::TypeKind;
 use crate::discovery::status::{DesiredStatus, StatusTarget};
 use crate::discovery::uid::Uid;
@@ -68,39 +69,39 @@ pub type Name = arcstr::ArcStr;
 
 /// One xDS resource, encoded once and shared by every connection that sends it.
 ///
-/// 96 bytes with its `Arc` (there is one per workload): the index's links (services, node,
-/// waypoints) share one slice (its `network/ip` aliases are read from the value when needed),
-/// and the value is a plain boxed slice (a `Bytes` is 32 bytes and allocates a shared header on
-/// its first clone; sends copy from the slice anyway).
+/// 80 bytes with its `Arc` (there is one per workload), and one more block, its value: a plain
+/// boxed slice (a `Bytes` is 32 bytes and allocates a shared header on its first clone; sends
+/// copy from the slice anyway). What the index looks it up by besides its name (its
+/// `network/ip` aliases, a workload's node and services, the waypoint it uses) is read back
+/// from the value when needed ([`crate::discovery::alias`], [`crate::discovery::links`]).
 ///
 /// A workload's value repeats its name: the uid field is the resource name, and the `name`
-/// field after it is the uid's last segment. Those bytes are left out of the stored slice and
-/// written back from [`Resource::name`] as the value is sent ([`Resource::write_value`]), which
-/// takes a 100k-pod mesh's values from the 256-byte size class to the 192-byte one.
+/// field is the uid's last segment. Those bytes are left out of the stored slice and written
+/// back from [`Resource::name`] as the value is sent ([`Resource::write_value`]), which takes a
+/// 100k-pod mesh's values from the 256-byte size class to the 192-byte one.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Resource {
     /// The xDS name: a workload uid, `ns/hostname` for a service, `ns/name` for a policy.
     pub name: Name,
     /// xxhash64 of the encoded `Any` value, sent as hex.
     pub version: Version,
-    /// The encoded message (the `Any`'s value) without the bytes that repeat the name:
-    /// [`Resource::value`] puts them back.
+    /// The encoded message (the `Any`'s value) without the bytes that repeat the name
+    /// ([`Resource::value`] puts them back); then, for a pod uid that is not a UUID, its text
+    /// and its length in a last byte.
     packed: Box<[u8]>,
-    /// [`Resource::services`], then [`Resource::node`], then [`Resource::waypoints`], then a
-    /// pod uid that is not a UUID: one allocation for what the index's lookups need.
-    links: Box<[Name]>,
     /// For a pod's workload, its uid's bytes when it is a UUID ([`Resource::pod_uid`]).
     uuid: [u8; 16],
-    /// The pod uid's form in the low bits ([`NO_UID`], [`UUID`] or [`TEXT_UID`], the last
-    /// link), and [`HAS_NODE`] and [`IS_SERVICE`].
+    /// The pod uid's form in the low bits ([`NO_UID`], [`UUID`] or [`TEXT_UID`]), and
+    /// [`HAS_NODE`] and [`IS_SERVICE`].
     bits: u8,
     /// The resource type, which names the `Any`'s type URL (a byte, not a string per resource).
     pub kind: TypeKind,
     /// How many `network/ip` aliases the index holds for it (set when stored): a change that
-    /// keeps them all need not read the old value's.
-    /// Saturates at [`Resource::MANY_ALIASES`].
+    /// keeps them all need not read the old value's. Saturates at [`Resource::MANY`].
     pub(crate) alias_count: u8,
-    services: u16,
+    /// How many services the index lists it as a member of (set when stored, as
+    /// `alias_count`; [`HAS_NODE`] likewise for the node index).
+    service_count: u16,
     /// Where the value holds the name, counted in the packed bytes (0: it does not; no value
     /// starts with it, a field's key comes first).
     name_at: u16,
@@ -163,18 +164,6 @@ fn repeats_of_name(value: &[u8], name: &[u8]) -> (usize, usize) {
     (at, tail)
 }
 
-/// What the index looks a resource up by, besides its name (see [`Resource::with_links`]).
-#[derive(Debug, Default)]
-pub struct Links {
-    /// For a workload: the service keys (`ns/hostname`) in its services map.
-    pub services: Vec<Name>,
-    /// For a workload: the node it runs on.
-    pub node: Option<Name>,
-    /// Lookup keys of the waypoint this workload or service uses: `ns/hostname` or
-    /// `network/ip` (see [`Snapshot::lookup_addresses`]).
-    pub waypoints: Vec<Name>,
-}
-
 impl Resource {
     /// Encodes `message` as an `Any` of `kind`'s type URL and versions it by content.
     pub fn encode<M: Message>(kind: TypeKind, name: impl Into<Name>, message: &M) -> Self {
@@ -196,21 +185,28 @@ impl Resource {
             name,
             version,
             packed,
-            links: Box::default(),
             uuid: [0; 16],
             bits: NO_UID,
             kind,
             alias_count: 0,
-            services: 0,
+            service_count: 0,
             name_at: (name_at - tail_len) as u16,
             tail_len: tail_len as u8,
+        }
+    }
+
+    /// The packed bytes of the value (without a text pod uid after them).
+    fn packed_value(&self) -> &[u8] {
+        match (self.uid_form(), self.packed.last()) {
+            (TEXT_UID, Some(len)) => &self.packed[..self.packed.len() - 1 - usize::from(*len)],
+            _ => &self.packed,
         }
     }
 
     /// The pieces of the encoded value, in order: packed bytes, the name's tail, packed bytes,
     /// the name, packed bytes (empty pieces where the value does not repeat the name).
     fn value_pieces(&self) -> [&[u8]; 5] {
-        let p = &self.packed[..];
+        let p = self.packed_value();
         if self.name_at == 0 {
             return [p, &[], &[], &[], &[]];
         }
@@ -228,7 +224,7 @@ impl Resource {
     /// The encoded message, the `Any`'s value (borrowed unless it repeats the name).
     pub fn value(&self) -> Cow<'_, [u8]> {
         if self.name_at == 0 {
-            Cow::Borrowed(&self.packed)
+            Cow::Borrowed(self.packed_value())
         } else {
             let mut value = Vec::with_capacity(self.value_len());
             self.write_value(&mut value);
@@ -249,10 +245,10 @@ impl Resource {
     }
 
     /// Whether `other`, a resource of the same name, has the same value (the bytes left out
-    /// depend only on the value and the name).
+    /// depend only on the value and the name). The pod uid, never sent, is not compared.
     pub fn same_value(&self, other: &Resource) -> bool {
         debug_assert_eq!(self.name, other.name);
-        self.packed == other.packed
+        self.packed_value() == other.packed_value()
             && self.name_at == other.name_at
             && self.tail_len == other.tail_len
     }
@@ -265,37 +261,25 @@ impl Resource {
         self.bits = self.bits & !UID_BITS | form;
     }
 
-    fn has_node(&self) -> bool {
-        self.bits & HAS_NODE != 0
-    }
-
     /// [`Resource::alias_count`] for this many aliases or more.
-    pub(crate) const MANY_ALIASES: u8 = u8::MAX;
+    pub(crate) const MANY: u8 = u8::MAX;
 
     /// Whether this Address holds a Service (else a Workload).
     pub fn is_service(&self) -> bool {
         self.bits & IS_SERVICE != 0
     }
 
-    /// This resource with the index's lookup keys (and no pod uid: set that after).
-    pub fn with_links(mut self, links: Links) -> Self {
-        let Links {
-            services,
-            node,
-            waypoints,
-        } = links;
-        self.services = u16::try_from(services.len()).expect("under 65536 services");
-        self.bits = if node.is_some() { HAS_NODE } else { 0 } | self.bits & IS_SERVICE;
-        // At its exact size: a shrinking re-allocation within half the block stays in place
-        // (mimalloc), so three names grown into a four-name vector would keep 64 B, not 48.
-        let mut all =
-            Vec::with_capacity(services.len() + usize::from(node.is_some()) + waypoints.len());
-        all.extend(services);
-        all.extend(node);
-        all.extend(waypoints);
-        self.links = all.into_boxed_slice();
-        self.set_uid_form(NO_UID);
-        self
+    /// How many services and whether a node the index lists it under (see
+    /// [`Resource::set_member_counts`]).
+    pub(crate) fn member_counts(&self) -> (u16, bool) {
+        (self.service_count, self.bits & HAS_NODE != 0)
+    }
+
+    /// Records how many services and whether a node the index lists it under: a change that
+    /// keeps them all need not read the old value's.
+    pub(crate) fn set_member_counts(&mut self, services: usize, node: bool) {
+        self.service_count = u16::try_from(services).unwrap_or(u16::MAX);
+        self.bits = self.bits & !HAS_NODE | if node { HAS_NODE } else { 0 };
     }
 
     /// For a pod's workload: the pod's Kubernetes `metadata.uid` (the CA checks a token's pod
@@ -303,17 +287,23 @@ impl Resource {
     pub fn pod_uid(&self) -> Option<Uid<'_>> {
         match self.uid_form() {
             UUID => Some(Uid::Uuid(self.uuid)),
-            TEXT_UID => self.links.last().map(|text| Uid::Text(text)),
+            TEXT_UID => {
+                let end = self.packed.len() - 1;
+                let start = end - usize::from(self.packed[end]);
+                std::str::from_utf8(&self.packed[start..end])
+                    .ok()
+                    .map(Uid::Text)
+            }
             _ => None,
         }
     }
 
-    /// Sets the pod uid (after the links: a text uid is the last of them).
+    /// Sets the pod uid. A text uid (not a UUID) is kept after the value, up to 255 bytes; a
+    /// longer one is not kept, and a token bound to that pod is then refused (Kubernetes uids
+    /// are UUIDs).
     pub fn set_pod_uid(&mut self, uid: Uid<'_>) {
         if self.uid_form() == TEXT_UID {
-            let mut links = std::mem::take(&mut self.links).into_vec();
-            links.pop();
-            self.links = links.into_boxed_slice();
+            self.packed = self.packed_value().into();
         }
         self.uuid = [0; 16];
         self.set_uid_form(NO_UID);
@@ -322,12 +312,18 @@ impl Resource {
                 self.uuid = bytes;
                 self.set_uid_form(UUID);
             }
-            Uid::Text("") => {}
             Uid::Text(text) => {
-                let mut links = std::mem::take(&mut self.links).into_vec();
-                links.reserve_exact(1);
-                links.push(text.into());
-                self.links = links.into_boxed_slice();
+                let Ok(len) = u8::try_from(text.len()) else {
+                    return;
+                };
+                if len == 0 {
+                    return;
+                }
+                let mut packed = Vec::with_capacity(self.packed.len() + text.len() + 1);
+                packed.extend_from_slice(&self.packed);
+                packed.extend_from_slice(text.as_bytes());
+                packed.push(len);
+                self.packed = packed.into_boxed_slice();
                 self.set_uid_form(TEXT_UID);
             }
         }
@@ -339,55 +335,12 @@ impl Resource {
         self
     }
 
-    /// The `network/ip` aliases of its addresses (read from the value, with `networks` taking
-    /// in any network it has not seen).
-    pub(crate) fn aliases(&self, networks: &mut Networks) -> Vec<Alias> {
+    /// Lookup keys of the waypoint this workload or service uses (read from the value).
+    pub fn waypoint(&self) -> Option<Name> {
         if self.kind != TypeKind::Address {
-            return Vec::new();
+            return None;
         }
-        let mut aliases: Vec<Alias> = addresses_of(&self.value())
-            .into_iter()
-            .map(|(network, ip, prefix)| networks.alias(&network, ip, prefix))
-            .collect();
-        aliases.sort_unstable();
-        aliases.dedup();
-        aliases
-    }
-
-    /// For a workload: the service keys (`ns/hostname`) in its services map (shared with the
-    /// snapshot's `members` keys once stored).
-    pub fn services(&self) -> &[Name] {
-        &self.links[..usize::from(self.services)]
-    }
-
-    /// For a workload: the node it runs on (shared with the `by_node` key once stored).
-    pub fn node(&self) -> Option<&Name> {
-        let at = usize::from(self.services);
-        self.has_node().then(|| &self.links[at])
-    }
-
-    /// Lookup keys of the waypoint this workload or service uses.
-    pub fn waypoints(&self) -> &[Name] {
-        let end = self.links.len() - usize::from(self.uid_form() == TEXT_UID);
-        let from = usize::from(self.services) + usize::from(self.has_node());
-        &self.links[from..end]
-    }
-
-    /// Services and node, to be swapped for the index's shared copies.
-    pub(crate) fn shared_links_mut(&mut self) -> (&mut [Name], Option<&mut Name>) {
-        let has_node = self.has_node();
-        let (services, rest) = self.links.split_at_mut(usize::from(self.services));
-        let node = if has_node { rest.first_mut() } else { None };
-        (services, node)
-    }
-
-    /// Takes the links (and so the shared strings) of `other`.
-    /// `other` has the same value, so the same links but perhaps its uid: only the links it
-    /// shares with the index are taken.
-    pub(crate) fn take_links_of(&mut self, other: &Resource) {
-        self.alias_count = other.alias_count;
-        let shared = usize::from(other.services) + usize::from(other.has_node());
-        self.links[..shared].clone_from_slice(&other.links[..shared]);
+        waypoint_of(&self.value())
     }
 
     /// The `Any`'s type URL.
@@ -402,6 +355,18 @@ impl Resource {
             value: Bytes::from(self.value().into_owned()),
         }
     }
+}
+
+/// The sorted, unique `network/ip` aliases of an encoded Address (with `networks` taking in
+/// any network it has not seen).
+pub(crate) fn aliases_in(value: &[u8], networks: &mut Networks) -> Vec<Alias> {
+    let mut aliases: Vec<Alias> = addresses_of(value)
+        .into_iter()
+        .map(|(network, ip, prefix)| networks.alias(&network, ip, prefix))
+        .collect();
+    aliases.sort_unstable();
+    aliases.dedup();
+    aliases
 }
 
 /// Names touched by one or more index steps, for one type.
@@ -741,11 +706,12 @@ impl Snapshot {
                 continue;
             };
             names.insert(uid.to_string());
-            waypoints.extend(workload.waypoints().iter().cloned());
-            for service in workload.services() {
+            let value = workload.value();
+            waypoints.extend(waypoint_of(&value));
+            for service in workload_links(&value).services {
                 if let Some(resource) = self.addresses.get(service) {
                     names.insert(service.to_string());
-                    waypoints.extend(resource.waypoints().iter().cloned());
+                    waypoints.extend(resource.waypoint());
                 }
             }
         }
@@ -903,32 +869,34 @@ mod tests {
     }
 
     #[test]
-    fn links_come_back_as_given_and_the_resource_stays_small() {
-        let message = Any {
-            type_url: "t".into(),
-            value: Bytes::from_static(b"v"),
-        };
-        let resource = Resource::encode(TypeKind::Address, "uid", &message).with_links(Links {
-            services: vec!["ns/a.ns.svc".into()],
-            node: Some("node-1".into()),
-            waypoints: vec!["ns/wp.ns.svc".into()],
-        });
-        assert_eq!(resource.services(), [Name::from("ns/a.ns.svc")]);
-        assert_eq!(resource.node().map(|n| &**n), Some("node-1"));
-        assert_eq!(resource.waypoints(), [Name::from("ns/wp.ns.svc")]);
-        assert_eq!(resource.version, Version::of(&message.encode_to_vec()));
+    fn a_pod_uid_is_kept_beside_the_value_and_the_resource_stays_small() {
+        let uid = "Kubernetes//Pod/ns/web-7d4b9-x2x";
+        let message = workload(uid, "web-7d4b9-x2x");
+        let encoded = message.encode_to_vec();
+        let bare = Resource::encode(TypeKind::Address, uid, &message);
+        let mut resource = bare.clone();
+        assert_eq!(resource.pod_uid(), None);
+        let uuid = Uid::parse("0f6e5d4c-3b2a-1908-7766-554433221100");
+        for set in [
+            uuid,
+            Uid::Text("uid-1"),
+            Uid::Text("a-longer-text-uid"),
+            uuid,
+            Uid::Text(""),
+        ] {
+            resource.set_pod_uid(set);
+            let expected = (set != Uid::Text("")).then_some(set);
+            assert_eq!(resource.pod_uid(), expected);
+            // Never part of the value.
+            assert_eq!(resource.value(), encoded);
+            assert!(resource.same_value(&bare) && bare.same_value(&resource));
+        }
+        // A text uid past 255 bytes is not kept (and a token bound to it is refused).
+        resource.set_pod_uid(Uid::Text(&"u".repeat(256)));
+        assert_eq!(resource.pod_uid(), None);
+        assert_eq!(resource.value(), encoded);
 
-        let bare = Resource::encode(TypeKind::Address, "svc", &message)
-            .with_links(Links {
-                waypoints: vec!["/10.0.0.9".into()],
-                ..Links::default()
-            })
-            .service();
-        assert!(bare.is_service() && bare.services().is_empty());
-        assert_eq!(bare.node(), None);
-        assert_eq!(bare.waypoints(), [Name::from("/10.0.0.9")]);
-
-        // One per workload: its size is part of the memory per pod (issue 7, T2).
-        assert!(std::mem::size_of::<Resource>() <= 80);
+        // One per workload: with its `Arc`, 80 bytes (issue 7, T2).
+        assert!(std::mem::size_of::<Resource>() <= 64);
     }
 }

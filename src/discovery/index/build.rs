@@ -1,8 +1,8 @@
 //! Building one target's resources, and encoding each resource once.
 
 use crate::discovery::index::{Index, Target};
-use crate::discovery::names::{TypeKind, ip_from_bytes, network_address_key, service_key};
-use crate::discovery::snapshot::{Links, Name, Resource};
+use crate::discovery::names::{TypeKind, service_key};
+use crate::discovery::snapshot::{Name, Resource};
 use crate::discovery::status::{self, DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::store::Key;
 use crate::discovery::{endpoint_slice, entry, policies, service, service_entry, workload};
@@ -197,42 +197,17 @@ fn authorization_resource(a: Authorization) -> Resource {
 }
 
 fn workload_resource(w: wl::Workload) -> Resource {
-    let services = w.services.keys().map(|s| s.as_str().into()).collect();
     let name: Name = w.uid.as_str().into();
-    let node = (!w.node.is_empty()).then(|| w.node.as_str().into());
-    let waypoints = waypoint_key(w.waypoint.as_ref()).into_iter().collect();
     let message = Address {
         r#type: Some(address::Type::Workload(w)),
     };
-    Resource::encode(TypeKind::Address, name, &message).with_links(Links {
-        services,
-        node,
-        waypoints,
-    })
-}
-
-/// The lookup key of a waypoint address: `ns/hostname`, or `network/ip`.
-fn waypoint_key(waypoint: Option<&wl::GatewayAddress>) -> Option<Name> {
-    use wl::gateway_address::Destination;
-    match waypoint?.destination.as_ref()? {
-        Destination::Hostname(h) => Some(service_key(&h.namespace, &h.hostname).into()),
-        Destination::Address(a) => {
-            let ip = ip_from_bytes(&a.address)?;
-            Some(network_address_key(&a.network, &ip).into())
-        }
-    }
+    Resource::encode(TypeKind::Address, name, &message)
 }
 
 fn service_resource(s: wl::Service) -> Resource {
     let name = service_key(&s.namespace, &s.hostname);
-    let waypoints = waypoint_key(s.waypoint.as_ref()).into_iter().collect();
     let message = Address {
         r#type: Some(address::Type::Service(s)),
     };
-    Resource::encode(TypeKind::Address, name, &message)
-        .with_links(Links {
-            waypoints,
-            ..Links::default()
-        })
-        .service()
+    Resource::encode(TypeKind::Address, name, &message).service()
 }

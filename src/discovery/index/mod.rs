@@ -16,11 +16,12 @@ use foldhash::{HashMap, HashMapExt, HashSet};
 
 use crate::discovery::alias::{Alias, Networks};
 use crate::discovery::authorization::{PolicyStatus, REVISION_LABEL};
+use crate::discovery::links::workload_links;
 use crate::discovery::model::{Event, Kind, Object, ObjectRef};
 use crate::discovery::names::{TypeKind, pod_uid};
 use crate::discovery::snapshot::{
     Changes, HISTORY, MIN_HISTORY_NAMES, Name, Names, PersistentMap, Resource, ResourceMap,
-    Snapshot,
+    Snapshot, aliases_in,
 };
 use crate::discovery::status::{DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::store::{Key, Store};
@@ -483,9 +484,11 @@ impl Index {
             if let (Some((key, old)), Some(mut new)) = (&old, new)
                 && old.pod_uid() != new.pod_uid()
             {
-                // The indexes keep the old resource's shared strings.
+                // The indexes keep the old resource's name and counts.
                 new.name = key.clone();
-                new.take_links_of(old);
+                new.alias_count = old.alias_count;
+                let (services, node) = old.member_counts();
+                new.set_member_counts(usize::from(services), node);
                 self.addresses.insert(key.clone(), Arc::new(new));
             }
             return;
@@ -494,13 +497,15 @@ impl Index {
         let Some(mut new) = new else {
             if let Some((key, old)) = old {
                 self.service_count -= usize::from(old.is_service());
-                for alias in old.aliases(&mut self.networks) {
+                let value = old.value();
+                for alias in aliases_in(&value, &mut self.networks) {
                     remove_name(&mut self.aliases, &alias, &key);
                 }
-                for svc in old.services() {
+                let links = workload_links(&value);
+                for svc in links.services {
                     remove_name(&mut self.members, svc, &key);
                 }
-                if let Some(node) = old.node() {
+                if let Some(node) = links.node {
                     remove_name(&mut self.by_node, node, &key);
                 }
                 self.addresses.remove(&key);
@@ -508,40 +513,50 @@ impl Index {
             }
             return;
         };
-        // Only the links that differ from the old resource's touch the indexes (a pod turning
-        // ready changes none), and a name that stays keeps its stored strings.
-        let aliases = new.aliases(&mut self.networks);
-        new.alias_count = u8::try_from(aliases.len()).unwrap_or(Resource::MANY_ALIASES);
-        let mut aliases_kept = false;
+        // Only the entries that differ from the old resource's touch the indexes (a pod turning
+        // ready changes none), and the old value is read only if some may differ.
+        let value = new.value().into_owned();
+        let aliases = aliases_in(&value, &mut self.networks);
+        let links = workload_links(&value);
+        new.alias_count = u8::try_from(aliases.len()).unwrap_or(Resource::MANY);
+        new.set_member_counts(links.services.len(), links.node.is_some());
+        let (mut aliases_kept, mut links_kept) = (false, false);
         let key = match &old {
             Some((key, old)) => {
                 self.service_count -= usize::from(old.is_service());
                 // The index holds `key` under exactly the old resource's aliases: if it holds
                 // it under each new one and they are as many, they are the same (a pod turning
-                // ready), and the old value need not be read.
+                // ready). Likewise for its services and node.
+                let holds = |names: Option<&Names>| {
+                    names.is_some_and(|names| names.binary_search(key).is_ok())
+                };
                 aliases_kept = old.alias_count == new.alias_count
-                    && new.alias_count < Resource::MANY_ALIASES
-                    && aliases.iter().all(|a| {
-                        self.aliases
-                            .get(a)
-                            .is_some_and(|names| names.binary_search(key).is_ok())
-                    });
-                if !aliases_kept {
-                    for alias in old.aliases(&mut self.networks) {
-                        if !aliases.contains(&alias) {
-                            remove_name(&mut self.aliases, &alias, key);
+                    && new.alias_count < Resource::MANY
+                    && aliases.iter().all(|a| holds(self.aliases.get(a)));
+                links_kept = old.member_counts() == new.member_counts()
+                    && links.services.len() < usize::from(u16::MAX)
+                    && links.services.iter().all(|s| holds(self.members.get(*s)))
+                    && links.node.is_none_or(|n| holds(self.by_node.get(n)));
+                if !(aliases_kept && links_kept) {
+                    let old_value = old.value();
+                    if !aliases_kept {
+                        for alias in aliases_in(&old_value, &mut self.networks) {
+                            if !aliases.contains(&alias) {
+                                remove_name(&mut self.aliases, &alias, key);
+                            }
                         }
                     }
-                }
-                for svc in old
-                    .services()
-                    .iter()
-                    .filter(|s| !new.services().contains(s))
-                {
-                    remove_name(&mut self.members, svc, key);
-                }
-                if let Some(node) = old.node().filter(|n| new.node() != Some(n)) {
-                    remove_name(&mut self.by_node, node, key);
+                    if !links_kept {
+                        let old_links = workload_links(&old_value);
+                        for svc in old_links.services {
+                            if !links.services.contains(&svc) {
+                                remove_name(&mut self.members, svc, key);
+                            }
+                        }
+                        if let Some(node) = old_links.node.filter(|n| links.node != Some(n)) {
+                            remove_name(&mut self.by_node, node, key);
+                        }
+                    }
                 }
                 key.clone()
             }
@@ -549,38 +564,45 @@ impl Index {
         };
         new.name = key.clone();
         self.service_count += usize::from(new.is_service());
+        // An entry the name already has is left as it is.
         if !aliases_kept {
-            // An alias the name already has is left as it is.
             for alias in &aliases {
-                add_name(&mut self.aliases, alias, &key);
+                add_name(&mut self.aliases, alias, Alias::clone, &key);
             }
         }
-        let (services, node) = new.shared_links_mut();
-        for svc in services {
-            *svc = add_name(&mut self.members, svc, &key);
-        }
-        if let Some(node) = node {
-            *node = add_name(&mut self.by_node, node, &key);
+        if !links_kept {
+            for svc in links.services {
+                add_name(&mut self.members, svc, |s| Name::from(s), &key);
+            }
+            if let Some(node) = links.node {
+                add_name(&mut self.by_node, node, |n| Name::from(n), &key);
+            }
         }
         self.addresses.insert(key.clone(), Arc::new(new));
         changes.upsert(&key);
     }
 }
 
-/// Adds `name` to the sorted names at `key`, keeping the key already stored (one allocation
-/// for every resource that names it); returns that key. A name already there copies nothing.
-fn add_name<K: Hash + Ord + Clone>(map: &mut PersistentMap<K, Names>, key: &K, name: &Name) -> K {
-    let Some((stored, names)) = map.get_key_value(key) else {
-        map.insert(key.clone(), Names::One(name.clone()));
-        return key.clone();
+/// Adds `name` to the sorted names at `key` (made by `own` if the map has no such key yet).
+/// A name already there copies nothing.
+fn add_name<K, Q>(
+    map: &mut PersistentMap<K, Names>,
+    key: &Q,
+    own: impl FnOnce(&Q) -> K,
+    name: &Name,
+) where
+    K: Hash + Ord + Clone + Borrow<Q>,
+    Q: Hash + Ord + ?Sized,
+{
+    let Some(names) = map.get(key) else {
+        map.insert(own(key), Names::One(name.clone()));
+        return;
     };
-    let stored = stored.clone();
     if let Err(at) = names.binary_search(name)
-        && let Some(names) = map.get_mut(&stored)
+        && let Some(names) = map.get_mut(key)
     {
         names.insert(at, name.clone());
     }
-    stored
 }
 
 /// Removes `name` from the names at `key`, and the key with its last name.
