@@ -106,8 +106,11 @@ pub struct Resource {
     /// starts with it, a field's key comes first).
     name_at: u16,
     /// How many of the name's last bytes the first field of the message holds, left out of
-    /// the packed bytes (0: none).
+    /// the packed bytes (0: none), and where they go.
     tail_len: u8,
+    tail_at: u8,
+    /// The encoded value's length (each send asks for it several times).
+    value_len: u32,
 }
 
 const NO_UID: u8 = 0;
@@ -136,10 +139,11 @@ fn first_inner_field(value: &[u8]) -> Option<(usize, usize)> {
 
 /// How a value repeats its resource's name: where (in the value) it holds the whole name, and
 /// whether the first field of its message is a tail of the name, as a Workload's `name` is of
-/// its uid: the `(name_at, tail_len)` of a [`Resource`], with `name_at` counted in the value.
-fn repeats_of_name(value: &[u8], name: &[u8]) -> (usize, usize) {
+/// its uid: the `(name_at, tail_len, tail_at)` of a [`Resource`], with `name_at` counted in the
+/// value.
+fn repeats_of_name(value: &[u8], name: &[u8]) -> (usize, usize, usize) {
     if name.is_empty() {
-        return (0, 0);
+        return (0, 0, 0);
     }
     // Not at 0 (a field's key comes first), which stands for "nowhere".
     let Some(at) = value
@@ -147,21 +151,24 @@ fn repeats_of_name(value: &[u8], name: &[u8]) -> (usize, usize) {
         .and_then(|rest| memchr::memmem::find(rest, name))
         .map(|at| at + 1)
     else {
-        return (0, 0);
+        return (0, 0, 0);
     };
-    let tail = match first_inner_field(value) {
+    let (tail_at, tail) = match first_inner_field(value) {
         Some((start, len))
-            if len > 0 && start + len <= at && name.ends_with(&value[start..start + len]) =>
+            if len > 0
+                && start <= usize::from(u8::MAX)
+                && start + len <= at
+                && name.ends_with(&value[start..start + len]) =>
         {
-            len
+            (start, len)
         }
-        _ => 0,
+        _ => (0, 0),
     };
     // Offsets are kept in 16 bits.
     if at - tail > usize::from(u16::MAX) {
-        return (0, 0);
+        return (0, 0, 0);
     }
-    (at, tail)
+    (at, tail, tail_at)
 }
 
 impl Resource {
@@ -170,11 +177,11 @@ impl Resource {
         let value = message.encode_to_vec();
         let name: Name = name.into();
         let version = Version::of(&value);
-        let (name_at, tail_len) = repeats_of_name(&value, name.as_bytes());
+        let (name_at, tail_len, tail_at) = repeats_of_name(&value, name.as_bytes());
+        let value_len = u32::try_from(value.len()).expect("values under 4 GiB");
         let packed: Box<[u8]> = if name_at == 0 {
             value.into_boxed_slice()
         } else {
-            let tail_at = first_inner_field(&value).map_or(0, |(start, _)| start);
             let mut packed = Vec::with_capacity(value.len() - name.len() - tail_len);
             packed.extend_from_slice(&value[..tail_at]);
             packed.extend_from_slice(&value[tail_at + tail_len..name_at]);
@@ -192,6 +199,8 @@ impl Resource {
             service_count: 0,
             name_at: (name_at - tail_len) as u16,
             tail_len: tail_len as u8,
+            tail_at: tail_at as u8,
+            value_len,
         }
     }
 
@@ -210,14 +219,9 @@ impl Resource {
         if self.name_at == 0 {
             return [p, &[], &[], &[], &[]];
         }
-        let at = usize::from(self.name_at);
+        let (at, tail_at) = (usize::from(self.name_at), usize::from(self.tail_at));
         let name = self.name.as_bytes();
         let tail = &name[name.len() - usize::from(self.tail_len)..];
-        let tail_at = match tail {
-            [] => 0,
-            // The bytes before the tail are the value's own.
-            _ => first_inner_field(p).map_or(0, |(start, _)| start),
-        };
         [&p[..tail_at], tail, &p[tail_at..at], name, &p[at..]]
     }
 
@@ -234,11 +238,14 @@ impl Resource {
 
     /// The encoded value's length.
     pub fn value_len(&self) -> usize {
-        self.value_pieces().iter().map(|p| p.len()).sum()
+        self.value_len as usize
     }
 
     /// Writes the encoded value, as sent.
     pub fn write_value(&self, buf: &mut impl BufMut) {
+        if self.name_at == 0 {
+            return buf.put_slice(self.packed_value());
+        }
         for piece in self.value_pieces() {
             buf.put_slice(piece);
         }
@@ -251,6 +258,7 @@ impl Resource {
         self.packed_value() == other.packed_value()
             && self.name_at == other.name_at
             && self.tail_len == other.tail_len
+            && self.tail_at == other.tail_at
     }
 
     fn uid_form(&self) -> u8 {
