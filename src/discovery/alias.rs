@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use prost::Message;
 
 use crate::discovery::names::ip_from_bytes;
-use crate::discovery::snapshot::Name;
+use crate::discovery::resource::Name;
 
 /// A `network/ip` key, or `network/ip/len` for a service's CIDR address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

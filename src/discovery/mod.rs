@@ -18,6 +18,7 @@ pub mod names;
 pub mod peer_authentication;
 pub mod pod;
 pub mod policies;
+pub mod resource;
 pub mod service;
 pub mod service_entry;
 pub mod snapshot;
