@@ -184,7 +184,7 @@ impl Pod {
     }
 
     /// The labels, to share their buffer with an equal map's ([`crate::discovery::labels::LabelSets`]).
-    pub fn labels_mut(&mut self) -> &mut Labels {
+    pub(crate) fn labels_mut(&mut self) -> &mut Labels {
         &mut self.labels
     }
 
