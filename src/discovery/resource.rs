@@ -433,6 +433,73 @@ mod tests {
     }
 
     #[test]
+    fn any_value_reads_back_exactly_whatever_repeats_the_name() {
+        let uid = "Kubernetes//Pod/ns/web";
+        let long = format!("Kubernetes//Pod/ns/{}", "w".repeat(200));
+        let cases: Vec<(String, Workload)> = vec![
+            // The name also earlier in the value (as the namespace), and as the `name`.
+            (
+                uid.into(),
+                Workload {
+                    uid: uid.into(),
+                    name: "web".into(),
+                    namespace: uid.into(),
+                    ..Default::default()
+                },
+            ),
+            // The `name` field is the whole name.
+            (
+                uid.into(),
+                Workload {
+                    uid: uid.into(),
+                    name: uid.into(),
+                    ..Default::default()
+                },
+            ),
+            // No `name`: the first field (the namespace) is a tail of the name.
+            (
+                "Kubernetes//Pod/ns/ns".into(),
+                Workload {
+                    uid: "Kubernetes//Pod/ns/ns".into(),
+                    namespace: "ns".into(),
+                    ..Default::default()
+                },
+            ),
+            // Lengths over 127 bytes (two-byte varints), and a `name` too long to leave out.
+            (
+                long.clone(),
+                Workload {
+                    uid: long.clone(),
+                    name: "w".repeat(200),
+                    ..Default::default()
+                },
+            ),
+            // The name nowhere in the value.
+            (
+                "ns/svc".into(),
+                Workload {
+                    uid: "other".into(),
+                    name: "svc".into(),
+                    ..Default::default()
+                },
+            ),
+        ];
+        for (name, w) in cases {
+            let message = Address {
+                r#type: Some(address::Type::Workload(w)),
+            };
+            let encoded = message.encode_to_vec();
+            let resource = Resource::encode(TypeKind::Address, name.as_str(), &message);
+            assert_eq!(resource.value(), encoded, "{name}");
+            assert_eq!(resource.value_len(), encoded.len());
+            let mut written = Vec::new();
+            resource.write_value(&mut written);
+            assert_eq!(written, encoded);
+            assert!(resource.packed.len() <= encoded.len());
+        }
+    }
+
+    #[test]
     fn a_pod_uid_is_kept_beside_the_value_and_the_resource_stays_small() {
         let uid = "Kubernetes//Pod/ns/web-7d4b9-x2x";
         let message = workload(uid, "web-7d4b9-x2x");

@@ -1,7 +1,9 @@
 //! A `DeltaDiscoveryResponse` encoded straight from the snapshot's shared resources.
 //!
-//! Each resource's payload is encoded once, when the index builds it ([`Resource::value`]).
-//! A response is written from those bytes into one buffer of exactly its size, already framed
+//! Each resource's payload is encoded once, when the index builds it ([`Resource::value`]),
+//! and written with [`Resource::write_value`] (a workload's value is stored without the bytes
+//! that repeat its name, and written back whole here). A response is written from those bytes
+//! into one buffer of exactly its size, already framed
 //! as a gRPC message: no `DeltaDiscoveryResponse` is built, so a delivery costs no string
 //! clones or allocations per resource, only copies into that buffer. The bytes are what prost
 //! would encode for the same message (tested below), so every decoder reads them as usual.
@@ -10,7 +12,8 @@
 //! ztunnel reads neither (spec/xds.md §1: it ignores `system_version_info`, and builds its IP
 //! index from the message contents, never from aliases), and together they were about 20 B of
 //! every ~420 B single-workload response to every proxy (BENCHMARKS.md, T5). Aliases still
-//! serve on-demand `network/ip` lookups inside ambientd ([`Resource::aliases`]). The nonce is
+//! serve on-demand `network/ip` lookups inside ambientd (read from the values:
+//! [`crate::discovery::alias`]). The nonce is
 //! the connection's response counter in hex: ztunnel only echoes it.
 
 use std::sync::Arc;
