@@ -5,8 +5,9 @@ mod index_support;
 
 use ambientd::discovery::model::{Event, Kind, ObjectRef};
 use ambientd::discovery::snapshot::{HISTORY, MIN_HISTORY_NAMES};
-use ambientd::discovery::{Changes, Index, Object, Settings};
+use ambientd::discovery::{Changes, Index, Object, Settings, TypeKind};
 use index_support::*;
+use std::collections::BTreeSet;
 
 const ZONE: &str = "topology.kubernetes.io/zone";
 
@@ -490,6 +491,16 @@ fn changes_since_merges_history() {
             changes
         });
         assert_eq!(got, want, "since {since}");
+        // What each stream folds in: the same names, per type, without building `Changes`.
+        for kind in TypeKind::ALL {
+            let names: Option<BTreeSet<&str>> = snapshot
+                .names_changed_since(kind, *since)
+                .map(|names| names.map(|n| &**n).collect());
+            let want: Option<BTreeSet<&str>> = want
+                .as_ref()
+                .map(|w| w.of(kind).names().map(|n| &**n).collect());
+            assert_eq!(names, want, "since {since}, {kind}");
+        }
     }
 }
 

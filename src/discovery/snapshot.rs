@@ -312,6 +312,20 @@ impl Snapshot {
         Some(all)
     }
 
+    /// The names of `kind` changed (upserted or removed) between generation `since` and this
+    /// snapshot, if history still covers them; a name may come more than once. What each xDS
+    /// stream folds into its own set on every snapshot, so it builds no `Changes` of its own.
+    pub fn names_changed_since(
+        &self,
+        kind: TypeKind,
+        since: u64,
+    ) -> Option<impl Iterator<Item = &Name>> {
+        Some(
+            self.history_since(since)?
+                .flat_map(move |changes| changes.of(kind).names()),
+        )
+    }
+
     /// The objects whose wanted status condition changed between generation `since` and this
     /// snapshot, if history still covers them.
     pub fn status_changes_since(&self, since: u64) -> Option<BTreeSet<StatusTarget>> {

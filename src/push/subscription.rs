@@ -292,8 +292,8 @@ impl TypeState {
             return;
         }
         if let Some(changed) = &mut self.changed {
-            match latest.changes_since(self.seen) {
-                Some(changes) => changed.extend(changes.of(self.kind).names().cloned()),
+            match latest.names_changed_since(self.kind, self.seen) {
+                Some(names) => changed.extend(names.cloned()),
                 None => self.changed = None,
             }
         }
