@@ -46,7 +46,8 @@ impl Version {
 
     /// The length of the version as sent.
     pub fn hex_len(self) -> usize {
-        self.digits(&mut [0; 16]).len()
+        // One digit per four significant bits, and "0" for zero.
+        (16 - self.0.leading_zeros() as usize / 4).max(1)
     }
 }
 
@@ -430,6 +431,25 @@ mod tests {
         let changed = Resource::encode(TypeKind::Address, uid, &entry);
         assert!(again.same_value(&Resource::encode(TypeKind::Address, uid, &message)));
         assert!(!again.same_value(&changed));
+    }
+
+    #[test]
+    fn a_version_is_sent_as_hex_without_leading_zeros() {
+        for n in [
+            0,
+            1,
+            15,
+            16,
+            0xabc,
+            1 << 63,
+            u64::MAX,
+            0x0fff_ffff_ffff_ffff,
+        ] {
+            let version = Version(n);
+            assert_eq!(version.to_string(), format!("{n:x}"));
+            assert_eq!(version.hex_len(), format!("{n:x}").len(), "{n:x}");
+            assert!(version.is(&format!("{n:x}")));
+        }
     }
 
     #[test]
