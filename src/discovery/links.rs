@@ -99,7 +99,7 @@ pub(crate) fn waypoint_of(value: &[u8]) -> Option<Name> {
 }
 
 /// The lookup key of a waypoint address: `ns/hostname`, or `network/ip`.
-pub(crate) fn waypoint_key(waypoint: Option<&GatewayAddress>) -> Option<Name> {
+fn waypoint_key(waypoint: Option<&GatewayAddress>) -> Option<Name> {
     match waypoint?.destination.as_ref()? {
         Destination::Hostname(h) => Some(service_key(&h.namespace, &h.hostname).into()),
         Destination::Address(a) => {
