@@ -460,12 +460,23 @@ fn quirk_disable_port_ignored_when_unset_workload_inherits_strict() {
 }
 
 #[test]
-fn port_above_65535_is_referenced_but_not_generated() {
+fn port_above_65535_is_ignored_and_the_workload_stays_strict() {
     use MtlsMode::*;
-    // Workload STRICT with a PERMISSIVE port above 65535: referenced, not generated here (the
-    // port can never match a connection); istiod generates it but ztunnel would truncate it.
+    // Workload STRICT with a PERMISSIVE port above 65535: no such port can carry a connection,
+    // so no converted policy is generated (istiod generates one, and ztunnel would truncate the
+    // port to 4464), and the workload keeps the static strict policy. Referencing the converted
+    // policy that does not exist would drop STRICT on every port (fail open).
     let pa = wl_pa("foo", "wl", Strict, &[(70000, Permissive)]);
     assert_eq!(convert(&pa, &[&pa]), None);
+    assert_eq!(refs("foo", &app_a(), &[&pa]), [STATIC]);
+    // The same under an inherited STRICT with an UNSET workload.
+    let ns = ns_pa("foo", "ns", Strict);
+    let pa = wl_pa("foo", "wl", Unset, &[(70000, Permissive)]);
+    assert_eq!(convert(&pa, &[&ns, &pa]), None);
+    assert_eq!(refs("foo", &app_a(), &[&ns, &pa]), [STATIC]);
+    // A real port next to it still counts.
+    let pa = wl_pa("foo", "wl", Strict, &[(70000, Permissive), (8080, Permissive)]);
+    assert!(convert(&pa, &[&pa]).is_some());
     assert_eq!(
         refs("foo", &app_a(), &[&pa]),
         ["foo/converted_peer_authentication_wl"]
