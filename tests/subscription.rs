@@ -6,7 +6,7 @@ mod index_support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use ambientd::discovery::model::{Kind, ObjectRef};
+use ambientd::discovery::model::{Kind, ObjectRef, PodFields, Service};
 use ambientd::discovery::names::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 use ambientd::discovery::snapshot::HISTORY;
 use ambientd::discovery::{Index, Object, Snapshot, TypeKind};
@@ -412,9 +412,10 @@ fn explicit_mode_follows_held_resources() {
     let delta = state.on_subscribe(&snapshot, &strings(&["/10.0.0.1"]), &[]);
     assert_delta(&delta.unwrap(), &[uid(NS, "a")], &["/10.0.0.1"]);
 
-    // Asking again: nothing new to send, but the key is answered again.
+    // Asking again: answered again in full, as istiod answers every lookup (the client may
+    // have rejected what it was sent, and waits until a response names the key).
     let delta = state.on_subscribe(&snapshot, &strings(&["/10.0.0.1"]), &[]);
-    assert_delta(&delta.unwrap(), NONE, &["/10.0.0.1"]);
+    assert_delta(&delta.unwrap(), &[uid(NS, "a")], &["/10.0.0.1"]);
 
     // A change to a held resource is sent; a change to anything else is not.
     index.apply(Object::Pod(
@@ -437,6 +438,123 @@ fn explicit_mode_follows_held_resources() {
     // Removal of a held resource.
     index.delete(&ObjectRef::new(Kind::Pod, NS, "a"));
     assert_delta(&state.on_snapshot(&index.snapshot()), NONE, &[uid(NS, "a")]);
+}
+
+#[test]
+fn a_lookup_by_name_of_a_held_resource_sends_it_again() {
+    // ztunnel waits on a uid or `ns/hostname` key until a response names it. It may hold the
+    // resource at the current version (rejected, then asked for again): it is sent anyway.
+    let snapshot = cluster().snapshot();
+    let web = skey(NS, "web");
+    let mut state = on_demand(&snapshot);
+    let delta = state.on_subscribe(&snapshot, &strings(&[&uid(NS, "c")]), &[]);
+    assert_delta(&delta.unwrap(), &[uid(NS, "c")], NONE);
+    let delta = state.on_subscribe(&snapshot, &strings(&[&uid(NS, "c")]), &[]);
+    assert_delta(&delta.unwrap(), &[uid(NS, "c")], NONE);
+    let delta = state.on_subscribe(&snapshot, &strings(&[&web]), &[]);
+    assert_delta(
+        &delta.unwrap(),
+        &[uid(NS, "a"), uid(NS, "b"), web.clone()],
+        NONE,
+    );
+    let delta = state.on_subscribe(&snapshot, &strings(&[&web]), &[]);
+    assert_delta(&delta.unwrap(), &[uid(NS, "a"), uid(NS, "b"), web], NONE);
+    // `*` again is never answered as a removed name.
+    let delta = state.on_subscribe(
+        &snapshot,
+        &strings(&[WILDCARD, &uid(NS, "c")]),
+        &strings(&[WILDCARD]),
+    );
+    assert_delta(&delta.unwrap(), &[uid(NS, "c")], NONE);
+}
+
+#[test]
+fn an_on_demand_proxy_gets_its_node_workloads_from_its_first_lookup() {
+    let mut index = index_of([
+        Object::Service(svc(NS, "web", "10.96.0.10", &[("app", "web")])),
+        Object::Pod(pod_with(NS, "a", "10.0.0.1", &[("app", "web")]).into()),
+        Object::Pod(
+            PodFields {
+                node_name: "node-b".into(),
+                ..pod_with(NS, "b", "10.0.0.2", &[("app", "web")])
+            }
+            .into(),
+        ),
+        Object::Pod(pod(NS, "c", "10.0.0.3").into()),
+    ]);
+    let snapshot = index.snapshot();
+    let mut state = TypeState::new(TypeKind::Address, &request(&[WILDCARD], &[WILDCARD]));
+    state.on_demand_from(NODE);
+    // istiod's first on-demand response is empty.
+    assert!(state.initial(&snapshot).is_empty());
+    // The first lookup brings the workloads on the proxy's node (a and c), not node-b's.
+    let delta = state.on_subscribe(&snapshot, &strings(&["/10.0.0.2"]), &[]);
+    assert_delta(
+        &delta.unwrap(),
+        &[uid(NS, "a"), uid(NS, "b"), uid(NS, "c")],
+        &["/10.0.0.2"],
+    );
+    // A new pod on the node arrives unasked; one on another node does not.
+    index.apply(Object::Pod(pod(NS, "d", "10.0.0.4").into()));
+    index.apply(Object::Pod(
+        PodFields {
+            node_name: "node-b".into(),
+            ..pod(NS, "e", "10.0.0.5")
+        }
+        .into(),
+    ));
+    assert_delta(&state.on_snapshot(&index.snapshot()), &[uid(NS, "d")], NONE);
+    // A wildcard subscription is not affected.
+    let mut wildcard = TypeState::new(TypeKind::Address, &request(&[], &[]));
+    wildcard.on_demand_from(NODE);
+    assert_eq!(wildcard.initial(&index.snapshot()).resources.len(), 6);
+}
+
+#[test]
+fn a_changed_service_is_sent_with_its_members() {
+    // ztunnel builds a service's endpoints from its workloads as they arrive; istiod resends
+    // them with the service, so a new health policy (publishNotReadyAddresses) reaches them.
+    let mut index = cluster();
+    let mut wildcard = TypeState::new(TypeKind::Address, &request(&[], &[]));
+    wildcard.initial(&index.snapshot());
+    let mut explicit = on_demand(&index.snapshot());
+    explicit.on_subscribe(&index.snapshot(), &strings(&["/10.0.0.1"]), &[]);
+    index.apply(Object::Service(Service {
+        publish_not_ready_addresses: true,
+        ..svc(NS, "web", "10.96.0.10", &[("app", "web")])
+    }));
+    let snapshot = index.snapshot();
+    assert_delta(
+        &wildcard.on_snapshot(&snapshot),
+        &[uid(NS, "a"), uid(NS, "b"), skey(NS, "web")],
+        NONE,
+    );
+    // An on-demand proxy that holds only pod a gets neither the service nor pod b.
+    assert!(explicit.on_snapshot(&snapshot).is_empty());
+    // One that looked the service up gets it with both members.
+    let mut explicit = on_demand(&index.snapshot());
+    explicit.on_subscribe(&index.snapshot(), &strings(&["/10.96.0.10"]), &[]);
+    index.apply(Object::Service(svc(
+        NS,
+        "web",
+        "10.96.0.10",
+        &[("app", "web")],
+    )));
+    assert_delta(
+        &explicit.on_snapshot(&index.snapshot()),
+        &[uid(NS, "a"), uid(NS, "b"), skey(NS, "web")],
+        NONE,
+    );
+    // A pod change alone sends only the pod.
+    wildcard.on_snapshot(&index.snapshot());
+    index.apply(Object::Pod(
+        pod_with(NS, "a", "10.0.0.1", &[("app", "web"), ("version", "v2")]).into(),
+    ));
+    assert_delta(
+        &wildcard.on_snapshot(&index.snapshot()),
+        &[uid(NS, "a")],
+        NONE,
+    );
 }
 
 #[test]

@@ -381,6 +381,16 @@ impl Snapshot {
         names
     }
 
+    /// The workloads on `node`: what istiod adds to an on-demand proxy's answers.
+    pub fn node_workloads(&self, node: &str) -> impl Iterator<Item = String> + '_ {
+        self.by_node
+            .get(node)
+            .into_iter()
+            .flat_map(|names| names.iter())
+            .filter(|uid| self.addresses.contains_key(uid.as_str()))
+            .map(|uid| uid.to_string())
+    }
+
     /// Kubernetes `metadata.uid` of the pod whose workload is named `workload_uid`
     /// (`<cluster>//Pod/<ns>/<name>`): the CA checks a token's pod binding against it.
     pub fn pod_uid(&self, workload_uid: &str) -> Option<String> {

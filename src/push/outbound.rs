@@ -7,34 +7,70 @@
 //! the debug views (and tests) can see that a stuck proxy's memory stays bounded.
 
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use futures::Stream;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tonic::Status;
 
 /// Responses queued per stream beyond the one the encoder is writing.
 pub const QUEUE: usize = 1;
 
-/// A response already framed as a gRPC message ([`crate::push::response`]), or the status that
-/// ends the stream. Boxed: tokio's channel allocates a block of 32 slots up front, 32 × the
-/// item's size per stream for a queue that holds one.
-type Item = Box<Result<Bytes, Status>>;
+/// A response already framed as a gRPC message ([`crate::push::response`]). Boxed: tokio's
+/// channel allocates a block of 32 slots up front, 32 × the item's size per stream for a queue
+/// that holds one.
+type Item = Box<Bytes>;
 
 /// The sending half, owned by the connection task.
 #[derive(Clone)]
 pub struct Outbound {
     tx: mpsc::Sender<Item>,
-    queued_bytes: Arc<AtomicUsize>,
+    shared: Arc<Shared>,
 }
 
 /// The receiving half: the response stream tonic encodes.
 pub struct Responses {
     rx: mpsc::Receiver<Item>,
-    queued_bytes: Arc<AtomicUsize>,
+    shared: Arc<Shared>,
+}
+
+#[derive(Default)]
+struct Shared {
+    queued_bytes: AtomicUsize,
+    /// The status the stream ends with once the queue is drained and closed (OK when unset).
+    /// Set apart from the queue, so a full queue never loses it.
+    /// Boxed: most streams never set it.
+    ending: Mutex<Option<Box<Status>>>,
+    /// Set once the encoder has taken the stream's end (or the receiver is gone).
+    finished: AtomicBool,
+    finish: Notify,
+}
+
+impl Shared {
+    fn finish(&self) {
+        self.finished.store(true, Ordering::Release);
+        self.finish.notify_waiters();
+    }
+}
+
+/// Waits for the encoder to take the stream's end: see [`Outbound::drained`].
+pub struct Drained(Arc<Shared>);
+
+impl Drained {
+    pub async fn wait(self) {
+        loop {
+            let notified = self.0.finish.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.0.finished.load(Ordering::Acquire) {
+                return;
+            }
+            notified.await;
+        }
+    }
 }
 
 /// The receiver is gone (the stream ended).
@@ -45,19 +81,19 @@ pub struct Closed;
 /// Room for one response.
 pub struct Slot {
     permit: mpsc::OwnedPermit<Item>,
-    queued_bytes: Arc<AtomicUsize>,
+    shared: Arc<Shared>,
 }
 
 /// A queue of [`QUEUE`] responses.
 pub fn queue() -> (Outbound, Responses) {
     let (tx, rx) = mpsc::channel(QUEUE);
-    let queued_bytes = Arc::new(AtomicUsize::new(0));
+    let shared = Arc::new(Shared::default());
     (
         Outbound {
             tx,
-            queued_bytes: queued_bytes.clone(),
+            shared: shared.clone(),
         },
-        Responses { rx, queued_bytes },
+        Responses { rx, shared },
     )
 }
 
@@ -67,8 +103,22 @@ impl Outbound {
         let permit = self.tx.clone().reserve_owned().await.map_err(|_| Closed)?;
         Ok(Slot {
             permit,
-            queued_bytes: self.queued_bytes.clone(),
+            shared: self.shared.clone(),
         })
+    }
+
+    /// Something to wait on, after every sender is dropped, until the encoder has taken the
+    /// stream's end. The connection keeps the request stream open until then: hyper resets a
+    /// stream whose request body is dropped first (`NO_ERROR`), and the client would see the
+    /// stream end without its status.
+    pub fn drained(&self) -> Drained {
+        Drained(self.shared.clone())
+    }
+
+    /// Sets the status the stream ends with, after the responses already queued, once every
+    /// sender is dropped.
+    pub fn end_with(&self, status: Status) {
+        *self.shared.ending.lock().expect("not poisoned") = Some(Box::new(status));
     }
 
     /// Responses waiting for the encoder (0 or 1).
@@ -78,20 +128,17 @@ impl Outbound {
 
     /// Encoded bytes of the responses waiting for the encoder.
     pub fn queued_bytes(&self) -> usize {
-        self.queued_bytes.load(Ordering::Relaxed)
+        self.shared.queued_bytes.load(Ordering::Relaxed)
     }
 }
 
 impl Slot {
     /// Queues a response, framed ([`crate::push::response::Outgoing::frame`]).
     pub fn send(self, frame: Bytes) {
-        self.queued_bytes.fetch_add(frame.len(), Ordering::Relaxed);
-        self.permit.send(Box::new(Ok(frame)));
-    }
-
-    /// Queues the status that ends the stream.
-    pub fn fail(self, status: Status) {
-        self.permit.send(Box::new(Err(status)));
+        self.shared
+            .queued_bytes
+            .fetch_add(frame.len(), Ordering::Relaxed);
+        self.permit.send(Box::new(frame));
     }
 }
 
@@ -100,15 +147,25 @@ impl Stream for Responses {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         match self.rx.poll_recv(cx) {
-            Poll::Ready(Some(boxed)) => {
-                if let Ok(frame) = &*boxed {
-                    self.queued_bytes.fetch_sub(frame.len(), Ordering::Relaxed);
-                }
-                Poll::Ready(Some(*boxed))
+            Poll::Ready(Some(frame)) => {
+                self.shared
+                    .queued_bytes
+                    .fetch_sub(frame.len(), Ordering::Relaxed);
+                Poll::Ready(Some(Ok(*frame)))
             }
-            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(None) => {
+                let ending = self.shared.ending.lock().expect("not poisoned").take();
+                self.shared.finish();
+                Poll::Ready(ending.map(|status| Err(*status)))
+            }
             Poll::Pending => Poll::Pending,
         }
+    }
+}
+
+impl Drop for Responses {
+    fn drop(&mut self) {
+        self.shared.finish();
     }
 }
 
@@ -139,5 +196,43 @@ mod tests {
         assert_eq!(outbound.queued(), 1);
         drop(responses);
         assert!(outbound.reserve().await.is_err());
+    }
+
+    #[tokio::test]
+    async fn the_ending_status_follows_the_queued_response_even_when_the_queue_is_full() {
+        let (outbound, mut responses) = queue();
+        outbound.reserve().await.unwrap().send(response("1", 10));
+        // The queue is full, and the status is still kept.
+        outbound.end_with(Status::unavailable("transport is closing"));
+        let drained = outbound.drained();
+        drop(outbound);
+        let early = tokio::time::timeout(
+            std::time::Duration::from_millis(50),
+            outbound_drained(&drained),
+        );
+        assert!(early.await.is_err(), "drained before the status was taken");
+        assert!(responses.next().await.unwrap().unwrap().starts_with(b"1"));
+        let status = responses.next().await.unwrap().unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        drained.wait().await;
+        assert_eq!(status.message(), "transport is closing");
+        assert!(responses.next().await.is_none());
+    }
+
+    async fn outbound_drained(drained: &Drained) {
+        Drained(drained.0.clone()).wait().await
+    }
+
+    #[tokio::test]
+    async fn without_an_ending_status_the_stream_just_ends() {
+        let (outbound, mut responses) = queue();
+        let drained = outbound.drained();
+        drop(outbound);
+        assert!(responses.next().await.is_none());
+        drained.wait().await;
+        // Dropping the receiver also counts.
+        let (outbound, responses) = queue();
+        drop(responses);
+        outbound.drained().wait().await;
     }
 }

@@ -95,7 +95,7 @@ impl AdsServer {
         self
     }
 
-    /// Ends every stream (with OK, as at the maximum age) when `shutdown` fires, so that the
+    /// Ends every stream (with `Unavailable`, as at the maximum age) when `shutdown` fires, so that the
     /// server's graceful shutdown is not held open by streams that never end on their own.
     pub fn with_shutdown(mut self, shutdown: CancellationToken) -> Self {
         self.shutdown = shutdown;
@@ -261,13 +261,25 @@ impl ProxyInfo {
     }
 }
 
+/// How long an ending stream waits for its proxy to read the responses queued before its status.
+const DRAIN: Duration = Duration::from_secs(5);
+/// How long it then waits for the proxy to close its side of the stream.
+const FLUSH: Duration = Duration::from_secs(1);
+
+/// How a stream the server ends by choice (its maximum age, or shutdown) closes: as grpc-go's
+/// server closes streams on a connection it is draining. ztunnel then reconnects after 10 ms
+/// with a debug-level log; an OK status would make every ztunnel warn "XDS client complete".
+fn closing() -> Status {
+    Status::unavailable("transport is closing")
+}
+
 /// Why a connection ended early.
 enum End {
     /// The client went away; nothing to report.
     Closed,
-    /// The stream reached its maximum age: it ends with OK, and ztunnel reconnects at once.
+    /// The stream reached its maximum age: it ends with [`closing`], and ztunnel reconnects.
     Expired,
-    /// ambientd is shutting down: the stream ends with OK and the connection gets GOAWAY, so
+    /// ambientd is shutting down: the stream ends with [`closing`] and the connection gets GOAWAY, so
     /// ztunnel reconnects, to another replica.
     Shutdown,
     /// The proxy read or acknowledged nothing for this long while changes waited.
@@ -384,11 +396,17 @@ impl Connection {
         let proxy = self.proxy.as_ref().map(|p| p.id.as_str()).unwrap_or("");
         match end {
             End::Closed => info!(proxy, "proxy disconnected"),
-            End::Expired => info!(
-                proxy,
-                "stream reached its maximum age; the proxy reconnects"
-            ),
-            End::Shutdown => info!(proxy, "shutting down: ending the stream"),
+            End::Expired => {
+                info!(
+                    proxy,
+                    "stream reached its maximum age; the proxy reconnects"
+                );
+                self.outbound.end_with(closing());
+            }
+            End::Shutdown => {
+                info!(proxy, "shutting down: ending the stream");
+                self.outbound.end_with(closing());
+            }
             End::Idle(idle) => {
                 warn!(
                     proxy,
@@ -398,15 +416,19 @@ impl Connection {
             }
             End::Error(status) => {
                 warn!(proxy, %status, "closing stream");
-                if let Ok(Ok(slot)) = Box::pin(tokio::time::timeout(
-                    Duration::from_secs(1),
-                    self.outbound.reserve(),
-                ))
-                .await
-                {
-                    slot.fail(status);
-                }
+                self.outbound.end_with(status);
             }
+        }
+        // The request stream stays open until the response's end has gone out. Dropping it
+        // makes h2 reset the stream, which discards frames not yet written, the status among
+        // them. So: wait for the encoder to take the end (a proxy that reads nothing gets a few
+        // seconds), then for the proxy to close its side, as ztunnel does on seeing the status
+        // (one that does not gets a second).
+        let drained = self.outbound.drained();
+        drop(self);
+        if tokio::time::timeout(DRAIN, drained.wait()).await.is_ok() {
+            let _ = tokio::time::timeout(FLUSH, async { while inbound.next().await.is_some() {} })
+                .await;
         }
     }
 
@@ -502,10 +524,12 @@ impl Connection {
             RequestKind::Initial(kind) => {
                 let known_count = known.len();
                 let mut state = TypeState::with_known(kind, &request, known);
-                if self.scope_to_node
-                    && let Some(proxy) = &self.proxy
-                {
-                    state.scope_to_node(&proxy.node_name);
+                if let Some(proxy) = &self.proxy {
+                    if self.scope_to_node {
+                        state.scope_to_node(&proxy.node_name);
+                    } else {
+                        state.on_demand_from(&proxy.node_name);
+                    }
                 }
                 debug!(
                     %kind,

@@ -7,7 +7,7 @@
 //! fell further behind than the history reaches, a full comparison). An explicit (on-demand)
 //! client holds a small map of the names it was sent.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::discovery::names::TypeKind;
@@ -193,6 +193,21 @@ pub struct TypeState {
     changed: Option<BTreeSet<Name>>,
     /// Node-scoped mode: the proxy's node, whose [`Snapshot::node_scope`] it always gets.
     node: Option<String>,
+    /// On-demand mode: the proxy's node, whose workloads it gets with its first lookup and
+    /// from then on (istiod's on-demand answer).
+    local_node: Option<String>,
+}
+
+/// Why an explicit (on-demand) client's resources are being computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Explicit {
+    /// The first request: send only what the client does not hold at its version.
+    Initial,
+    /// The client asked for keys just now: send what they resolve to even if it holds it, so a
+    /// waiter on each key wakes (ztunnel waits until a response names the key).
+    Lookup,
+    /// A new snapshot: send what changed, and a changed service's members.
+    Update,
 }
 
 impl TypeState {
@@ -240,6 +255,7 @@ impl TypeState {
             seen: 0,
             changed: Some(BTreeSet::new()),
             node: None,
+            local_node: None,
         }
     }
 
@@ -256,7 +272,7 @@ impl TypeState {
                     .map(|(name, version)| (name.to_string(), version.to_string())),
             );
             let keys: Vec<String> = self.subscription.names.iter().cloned().collect();
-            self.explicit(snapshot, &keys)
+            self.explicit(snapshot, &keys, Explicit::Initial)
         }
     }
 
@@ -267,6 +283,18 @@ impl TypeState {
         if self.kind == TypeKind::Address && !node.is_empty() {
             self.node = Some(node.to_string());
             self.subscription.wildcard = false;
+        }
+    }
+
+    /// On-demand mode (an explicit Address subscription, not node-scoped): as istiod does, the
+    /// proxy gets the workloads on its node with its first lookup and keeps getting them.
+    pub fn on_demand_from(&mut self, node: &str) {
+        if self.kind == TypeKind::Address
+            && !self.subscription.wildcard
+            && self.node.is_none()
+            && !node.is_empty()
+        {
+            self.local_node = Some(node.to_string());
         }
     }
 
@@ -308,7 +336,7 @@ impl TypeState {
                 // No resource of this type changed: no lookup can resolve differently.
                 return Delta::default();
             }
-            return self.explicit(snapshot, &[]);
+            return self.explicit(snapshot, &[], Explicit::Update);
         }
         let Some(synced) = self.synced.clone() else {
             return self.sync_wildcard(snapshot);
@@ -332,6 +360,7 @@ impl TypeState {
                 resources.diff(old, |name| diff_one(name, old, resources, &mut delta));
             }
         }
+        with_members(snapshot, &mut delta, |_| true);
         self.synced = Some(snapshot.clone());
         delta
     }
@@ -358,7 +387,7 @@ impl TypeState {
                 // The client keeps what it has; follow it by name from here.
                 self.held = self.view_versions();
                 self.synced = None;
-                (!added.is_empty()).then(|| self.explicit(snapshot, &added))
+                (!added.is_empty()).then(|| self.explicit(snapshot, &added, Explicit::Lookup))
             }
             (true, true) => None,
             (false, false) => {
@@ -369,7 +398,7 @@ impl TypeState {
                 } else {
                     added
                 };
-                (!keys.is_empty()).then(|| self.explicit(snapshot, &keys))
+                (!keys.is_empty()).then(|| self.explicit(snapshot, &keys, Explicit::Lookup))
             }
         }
     }
@@ -445,7 +474,7 @@ impl TypeState {
     /// client holds) whose versions differ; remove held names that no longer exist. Each of
     /// `fresh` keys that is not itself a resource name is also listed as removed, so that a
     /// client waiting on exactly that key (ztunnel's on-demand `/10.0.0.5`) wakes up.
-    fn explicit(&mut self, snapshot: &Arc<Snapshot>, fresh: &[String]) -> Delta {
+    fn explicit(&mut self, snapshot: &Arc<Snapshot>, fresh: &[String], why: Explicit) -> Delta {
         self.seen = snapshot.generation;
         self.changed = Some(BTreeSet::new());
         let resources = snapshot.resources(self.kind);
@@ -455,6 +484,11 @@ impl TypeState {
         }
         if let Some(node) = &self.node {
             wanted.extend(snapshot.node_scope(node));
+        } else if let Some(node) = &self.local_node
+            && !(self.subscription.names.is_empty() && self.held.is_empty())
+        {
+            // Not before the first lookup: istiod's first on-demand response is empty.
+            wanted.extend(snapshot.node_workloads(node));
         }
         wanted.extend(
             self.held
@@ -462,13 +496,25 @@ impl TypeState {
                 .filter(|name| resources.contains_key(name.as_str()))
                 .cloned(),
         );
+        let fresh = fresh.iter().filter(|key| *key != WILDCARD);
+        let looked_up: BTreeSet<String> = match why {
+            Explicit::Lookup => fresh
+                .clone()
+                .flat_map(|key| lookup(snapshot, self.kind, key))
+                .collect(),
+            Explicit::Initial | Explicit::Update => BTreeSet::new(),
+        };
         let mut delta = Delta::default();
         for name in &wanted {
             if let Some(resource) = resources.get(name.as_str())
-                && !self.held.get(name).is_some_and(|v| resource.version.is(v))
+                && (looked_up.contains(name)
+                    || !self.held.get(name).is_some_and(|v| resource.version.is(v)))
             {
                 delta.resources.push(resource.clone());
             }
+        }
+        if why == Explicit::Update {
+            with_members(snapshot, &mut delta, |name| wanted.contains(name));
         }
         let mut removed: BTreeSet<String> = self
             .held
@@ -532,6 +578,37 @@ fn diff_one(name: &str, old: &ResourceMap, new: &ResourceMap, delta: &mut Delta)
         (_, Some(n)) => delta.resources.push(n.clone()),
         (Some(_), None) => delta.removed.push(name.to_string()),
         (None, None) => {}
+    }
+}
+
+/// Adds the member workloads of each service in `delta` that `wanted` admits, changed or not,
+/// as istiod does: ztunnel builds a service's endpoints from its workloads as they arrive, so
+/// a service whose health policy now admits not-ready endpoints (`publishNotReadyAddresses`)
+/// reaches them only when its workloads are sent again.
+fn with_members(snapshot: &Snapshot, delta: &mut Delta, wanted: impl Fn(&str) -> bool) {
+    if !delta.resources.iter().any(|r| r.is_service()) {
+        return;
+    }
+    let mut sent: HashSet<Name> = delta.resources.iter().map(|r| r.name.clone()).collect();
+    let services: Vec<Name> = delta
+        .resources
+        .iter()
+        .filter(|r| r.is_service())
+        .map(|r| r.name.clone())
+        .collect();
+    for service in services {
+        let Some(members) = snapshot.members.get(&service) else {
+            continue;
+        };
+        for member in members.iter() {
+            if wanted(member)
+                && !sent.contains(member)
+                && let Some(resource) = snapshot.addresses.get(member)
+            {
+                sent.insert(member.clone());
+                delta.resources.push(resource.clone());
+            }
+        }
     }
 }
 
