@@ -294,6 +294,8 @@ async fn the_serving_certificate_has_the_istiod_names_and_extra_ips() {
     let tls = ztunnel_tls(&cluster.ca_dir.path().join("root-cert.pem"));
     for name in [
         "istiod.istio-system.svc",
+        "istiod-remote.istio-system.svc",
+        "istio-pilot.istio-system.svc",
         "ambientd.istio-system.svc",
         "127.0.0.1",
         "localhost",
@@ -302,16 +304,33 @@ async fn the_serving_certificate_has_the_istiod_names_and_extra_ips() {
             .await
             .unwrap_or_else(|e| panic!("{name}: {e}"));
     }
-    assert!(
-        channel(
-            cluster.running.xds_tls_address.unwrap(),
-            tls,
-            "istiod.other.svc"
-        )
-        .await
-        .is_err()
-    );
+    // No revision name for the default revision, and no other namespace.
+    for name in ["istiod-default.istio-system.svc", "istiod.other.svc"] {
+        assert!(
+            channel(cluster.running.xds_tls_address.unwrap(), tls.clone(), name)
+                .await
+                .is_err(),
+            "{name} must not be a SAN"
+        );
+    }
     cluster.running.stop().await;
+}
+
+#[tokio::test]
+async fn a_non_default_revision_adds_its_istiod_name_to_the_serving_certificate() {
+    let manifests = support::Manifests::new(&[("mesh.yaml", MESH)]);
+    let ca_dir = tempfile::tempdir().unwrap();
+    let mut config = Config::local(manifests.root());
+    config.settings.revision = "canary".into();
+    config.ca = Some(CaConfig::local(ca_dir.path()));
+    let running = app::start(config).await.expect("start ambientd");
+    let tls = ztunnel_tls(&ca_dir.path().join("root-cert.pem"));
+    for name in ["istiod-canary.istio-system.svc", "istiod.istio-system.svc"] {
+        channel(running.xds_tls_address.unwrap(), tls.clone(), name)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    running.stop().await;
 }
 
 #[tokio::test]
