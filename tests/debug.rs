@@ -28,6 +28,26 @@ async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
     panic!("timed out waiting for {what}");
 }
 
+/// A UTC RFC 3339 time as Go's `time.Time` JSON writes it: `YYYY-MM-DDTHH:MM:SS[.fraction]Z`.
+fn assert_rfc3339(value: &Value) {
+    let text = value
+        .as_str()
+        .unwrap_or_else(|| panic!("{value} is not a string"));
+    let b = text.as_bytes();
+    assert!(
+        text.len() >= 20
+            && text.ends_with('Z')
+            && b[4] == b'-'
+            && b[7] == b'-'
+            && b[10] == b'T'
+            && b[13] == b':'
+            && b[16] == b':'
+            && (text.len() == 20 || b[19] == b'.'),
+        "{text} is not RFC 3339"
+    );
+    assert!(text.starts_with("20"), "{text} is not a current time");
+}
+
 fn example() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/bookinfo")
 }
@@ -56,6 +76,11 @@ async fn syncz_tracks_sent_and_acked_nonces() {
         first.nonce.as_str()
     );
     assert_eq!(connection["resources"][address_type]["acked"], "");
+    assert_rfc3339(&connection["resources"][address_type]["sentTime"]);
+    assert_eq!(
+        connection["resources"][address_type]["ackedTime"],
+        Value::Null
+    );
 
     client.ack(&first).await;
     let addr = running.debug_address;
@@ -65,6 +90,8 @@ async fn syncz_tracks_sent_and_acked_nonces() {
         syncz[0]["resources"][address_type]["acked"] == nonce.as_str()
     })
     .await;
+    let (_, syncz) = json(addr, "/debug/syncz").await;
+    assert_rfc3339(&syncz[0]["resources"][address_type]["ackedTime"]);
 
     // A NACK shows as the last error.
     let authorizations = client.recv().await;
@@ -137,6 +164,7 @@ async fn connections_adsz_and_ambientz_have_their_shapes() {
             .unwrap()
             .starts_with("ztunnel-x7k2p.istio-system-")
     );
+    assert_rfc3339(&connections["clients"][0]["connectedAt"]);
     // A synced proxy that ACKed everything: nothing held back.
     assert_eq!(
         connections["clients"][0]["pending"],

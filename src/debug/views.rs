@@ -10,19 +10,21 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
 
 use crate::debug::{DebugState, render};
 use crate::discovery::names::TypeKind;
 use crate::discovery::status::{StatusCondition, StatusKind, StatusTarget};
 use crate::push::registry::{ClientView, ConnectionStatus};
 
+/// `time` as istiod's JSON writes a Go `time.Time`: RFC 3339 in UTC with the fraction of a second
+/// trimmed of trailing zeros (`2026-11-30T10:20:15.123456789Z`); `null` for no time.
 pub fn rfc3339(time: Option<SystemTime>) -> Value {
     let Some(time) = time else { return Value::Null };
-    let secs = time
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or_default();
-    json!(secs)
+    OffsetDateTime::from(time)
+        .format(&Rfc3339)
+        .map_or(Value::Null, Value::String)
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -318,5 +320,27 @@ pub fn type_name(kind: TypeKind) -> &'static str {
     match kind {
         TypeKind::Address => "WDS",
         TypeKind::Authorization => "WADS",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn rfc3339_writes_times_as_go_time_json_does() {
+        let at = |secs, nanos| Some(SystemTime::UNIX_EPOCH + Duration::new(secs, nanos));
+        assert_eq!(
+            rfc3339(at(1_796_034_015, 123_456_789)),
+            json!("2026-11-30T10:20:15.123456789Z")
+        );
+        // Trailing zeros of the fraction are trimmed, and a whole second has none (RFC3339Nano).
+        assert_eq!(
+            rfc3339(at(1_796_034_015, 120_000_000)),
+            json!("2026-11-30T10:20:15.12Z")
+        );
+        assert_eq!(rfc3339(at(0, 0)), json!("1970-01-01T00:00:00Z"));
+        assert_eq!(rfc3339(None), Value::Null);
     }
 }
