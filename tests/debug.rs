@@ -63,6 +63,14 @@ async fn syncz_tracks_sent_and_acked_nonces() {
     let (code, syncz) = json(running.debug_address, "/debug/syncz").await;
     assert_eq!(code, 200);
     let connection = &syncz.as_array().expect("an array")[0];
+    // `proxy` is istiod's proxy id (`<pod>.<ns>`); our connection id is kept beside it.
+    assert_eq!(connection["proxy"], "ztunnel-x7k2p.istio-system");
+    assert!(
+        connection["connectionId"]
+            .as_str()
+            .unwrap()
+            .starts_with("ztunnel-x7k2p.istio-system-")
+    );
     assert!(
         connection["proxy_id"]
             .as_str()

@@ -73,7 +73,8 @@ pub async fn syncz(
                 .collect();
             let proxy = c.proxy.clone().unwrap_or_default();
             json!({
-                "proxy": c.connection_id,
+                "proxy": c.proxy.as_ref().map(|p| p.proxy_id()),
+                "connectionId": c.connection_id,
                 "proxy_id": proxy.id,
                 "proxy_type": proxy.id.split('~').next().unwrap_or_default(),
                 "cluster_id": proxy.cluster_id,
