@@ -25,6 +25,12 @@ pub struct TypeLabel {
     pub r#type: String,
 }
 
+/// The `error` label of istiod's CA error counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabel {
+    pub error: String,
+}
+
 impl TypeLabel {
     pub fn of(kind: TypeKind) -> Self {
         TypeLabel {
@@ -98,7 +104,14 @@ pub struct Metrics {
     pub csr_count: Counter,
     pub auth_failures: Counter,
     pub certs_issued: Counter,
+    /// `citadel_server_csr_sign_err_count{error}`: CSRs that failed to sign, by istiod's error
+    /// type (`CSR_ERROR`, `TTL_ERROR`, `CERT_GEN_ERROR`).
+    pub sign_errors: Family<ErrorLabel, Counter>,
+    /// `citadel_server_root_cert_expiry_timestamp`: the root's NotAfter (Unix seconds); 0 until
+    /// the CA starts.
     pub root_expiry: Gauge<f64, AtomicU64>,
+    /// `citadel_server_root_cert_expiry_seconds`: seconds until then, refreshed on each scrape.
+    root_expiry_seconds: Gauge<f64, AtomicU64>,
     /// `ambientd_leader`: 1 while this replica holds the leader Lease (or runs without
     /// election and writes), else 0.
     pub leader: Gauge,
@@ -151,7 +164,9 @@ impl Metrics {
         let csr_count = Counter::default();
         let auth_failures = Counter::default();
         let certs_issued = Counter::default();
+        let sign_errors = Family::<ErrorLabel, Counter>::default();
         let root_expiry = Gauge::<f64, AtomicU64>::default();
+        let root_expiry_seconds = Gauge::<f64, AtomicU64>::default();
         let leader = Gauge::default();
         let objects = Family::<KindLabel, Gauge>::default();
         let resources = Family::<TypeLabel, Gauge>::default();
@@ -217,9 +232,19 @@ impl Metrics {
             certs_issued.clone(),
         );
         registry.register(
+            "citadel_server_csr_sign_err_count",
+            "CSRs that failed to sign, by error type",
+            sign_errors.clone(),
+        );
+        registry.register(
             "citadel_server_root_cert_expiry_timestamp",
             "Unix time the root certificate expires",
             root_expiry.clone(),
+        );
+        registry.register(
+            "citadel_server_root_cert_expiry_seconds",
+            "Seconds until the root certificate expires (negative once expired)",
+            root_expiry_seconds.clone(),
         );
         registry.register(
             "ambientd_leader",
@@ -281,7 +306,9 @@ impl Metrics {
             csr_count,
             auth_failures,
             certs_issued,
+            sign_errors,
             root_expiry,
+            root_expiry_seconds,
             leader,
             objects,
             resources,
@@ -327,9 +354,25 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition (format 0.0.4), with istiod's exact names.
+    /// Counts a CSR that failed to sign, with istiod's error type.
+    pub fn record_sign_error(&self, error_type: &str) {
+        self.sign_errors
+            .get_or_create(&ErrorLabel {
+                error: error_type.to_string(),
+            })
+            .inc();
+    }
+
     pub fn encode(&self) -> String {
         if let Some(rss) = resident_memory_bytes() {
             self.resident_memory.set(rss as i64);
+        }
+        let root_expiry = self.root_expiry.get();
+        if root_expiry > 0.0 {
+            let now = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            self.root_expiry_seconds.set(root_expiry - now);
         }
         let mut out = String::new();
         // Writing to a String cannot fail.
@@ -398,5 +441,37 @@ mod tests {
         assert!(!text.contains("# EOF"));
         // Histograms keep their series.
         assert!(text.contains("pilot_xds_push_time_bucket{"), "{text}");
+    }
+
+    #[test]
+    fn ca_metrics_have_istiods_names_and_labels() {
+        let metrics = Metrics::new();
+        metrics.record_sign_error("TTL_ERROR");
+        metrics.record_sign_error("TTL_ERROR");
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        metrics.root_expiry.set(now + 1000.0);
+        let text = metrics.encode();
+        assert!(
+            text.contains("# TYPE citadel_server_csr_sign_err_count counter\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("citadel_server_csr_sign_err_count{error=\"TTL_ERROR\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE citadel_server_root_cert_expiry_seconds gauge\n"),
+            "{text}"
+        );
+        let seconds: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("citadel_server_root_cert_expiry_seconds "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((990.0..=1000.0).contains(&seconds), "{seconds}");
     }
 }

@@ -105,6 +105,10 @@ fn a_plugged_in_ca_signs_under_its_chain() {
     let now = OffsetDateTime::now_utc();
     let loaded = roots::load_plugged_in(dir.path(), now).unwrap();
     assert_eq!(loaded.signer.root_bundle(), ca.root_pem);
+    // The root's expiry (ten years) is its own, not the intermediate's (one year).
+    let year = Duration::from_secs(365 * 86400);
+    assert!(loaded.signer.not_after() <= now + year + Duration::from_secs(86400));
+    assert!(loaded.signer.root_not_after() > now + 9 * year);
     let (_key, csr) = ztunnel_csr(WEB);
     let chain = loaded
         .signer

@@ -294,6 +294,8 @@ async fn the_serving_certificate_has_the_istiod_names_and_extra_ips() {
     let tls = ztunnel_tls(&cluster.ca_dir.path().join("root-cert.pem"));
     for name in [
         "istiod.istio-system.svc",
+        "istiod-remote.istio-system.svc",
+        "istio-pilot.istio-system.svc",
         "ambientd.istio-system.svc",
         "127.0.0.1",
         "localhost",
@@ -302,16 +304,33 @@ async fn the_serving_certificate_has_the_istiod_names_and_extra_ips() {
             .await
             .unwrap_or_else(|e| panic!("{name}: {e}"));
     }
-    assert!(
-        channel(
-            cluster.running.xds_tls_address.unwrap(),
-            tls,
-            "istiod.other.svc"
-        )
-        .await
-        .is_err()
-    );
+    // No revision name for the default revision, and no other namespace.
+    for name in ["istiod-default.istio-system.svc", "istiod.other.svc"] {
+        assert!(
+            channel(cluster.running.xds_tls_address.unwrap(), tls.clone(), name)
+                .await
+                .is_err(),
+            "{name} must not be a SAN"
+        );
+    }
     cluster.running.stop().await;
+}
+
+#[tokio::test]
+async fn a_non_default_revision_adds_its_istiod_name_to_the_serving_certificate() {
+    let manifests = support::Manifests::new(&[("mesh.yaml", MESH)]);
+    let ca_dir = tempfile::tempdir().unwrap();
+    let mut config = Config::local(manifests.root());
+    config.settings.revision = "canary".into();
+    config.ca = Some(CaConfig::local(ca_dir.path()));
+    let running = app::start(config).await.expect("start ambientd");
+    let tls = ztunnel_tls(&ca_dir.path().join("root-cert.pem"));
+    for name in ["istiod-canary.istio-system.svc", "istiod.istio-system.svc"] {
+        channel(running.xds_tls_address.unwrap(), tls.clone(), name)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    running.stop().await;
 }
 
 #[tokio::test]
@@ -375,5 +394,76 @@ async fn a_plugged_in_ca_is_reloaded_when_its_files_change() {
     assert_eq!(response.cert_chain[1], second.intermediate_pem);
     assert_eq!(response.cert_chain[2], second.root_pem);
     verify_chain(&response.cert_chain);
+    cluster.running.stop().await;
+}
+
+/// The CA's metrics, as istiod names them: the root's expiry (not the signing certificate's),
+/// signing errors by type, and a malformed ImpersonatedIdentity as an authentication failure.
+#[tokio::test]
+async fn ca_metrics_report_the_roots_expiry_and_each_failure() {
+    use ambientd::pb::google::protobuf::{Value, value::Kind};
+    let cacerts = tempfile::tempdir().unwrap();
+    // The intermediate expires in a year, the root in ten.
+    let ca = plugged_ca(Duration::from_secs(365 * 86400));
+    ca.write_cacerts(cacerts.path());
+    let dir = cacerts.path().to_path_buf();
+    let cluster = start(move |ca_dir| {
+        let mut config = CaConfig::local(ca_dir);
+        config.cacerts = Some(dir);
+        config
+    })
+    .await;
+    let metrics = cluster.running.metrics.clone();
+    let not_after = |pem: &str| {
+        let der = ambientd::ca::keys::certificates(pem.as_bytes()).unwrap();
+        let (_, cert) = x509_parser::parse_x509_certificate(&der[0]).unwrap();
+        cert.validity().not_after.timestamp() as f64
+    };
+    assert_ne!(not_after(&ca.root_pem), not_after(&ca.intermediate_pem));
+    assert_eq!(metrics.root_expiry.get(), not_after(&ca.root_pem));
+    let text = metrics.encode();
+    let seconds: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("citadel_server_root_cert_expiry_seconds "))
+        .unwrap_or_else(|| panic!("no root expiry seconds in\n{text}"))
+        .parse()
+        .unwrap();
+    assert!(
+        (9.0 * 365.0 * 86400.0..=10.0 * 365.0 * 86400.0).contains(&seconds),
+        "{seconds}"
+    );
+
+    let token = cluster.ztunnel_token();
+    let mut client = IstioCertificateServiceClient::new(cluster.channel().await);
+    let failures = metrics.auth_failures.get();
+    let (_key, csr) = ztunnel_csr(WEB);
+    let mut request = csr_request(&csr, Some(&token), None);
+    request.get_mut().metadata = Some(ambientd::pb::google::protobuf::Struct {
+        fields: [(
+            "ImpersonatedIdentity".to_string(),
+            Value {
+                kind: Some(Kind::NumberValue(1.0)),
+            },
+        )]
+        .into(),
+    });
+    let status = client.create_certificate(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated);
+    assert_eq!(metrics.auth_failures.get(), failures + 1);
+
+    let mut request = csr_request(&csr, Some(&token), Some(WEB));
+    request.get_mut().validity_duration = 91 * 86400;
+    let status = client.create_certificate(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    let request = csr_request("not a CSR", Some(&token), Some(WEB));
+    let status = client.create_certificate(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    let text = metrics.encode();
+    for line in [
+        "citadel_server_csr_sign_err_count{error=\"TTL_ERROR\"} 1\n",
+        "citadel_server_csr_sign_err_count{error=\"CSR_ERROR\"} 1\n",
+    ] {
+        assert!(text.contains(line), "{line} missing from\n{text}");
+    }
     cluster.running.stop().await;
 }

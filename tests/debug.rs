@@ -28,6 +28,26 @@ async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
     panic!("timed out waiting for {what}");
 }
 
+/// A UTC RFC 3339 time as Go's `time.Time` JSON writes it: `YYYY-MM-DDTHH:MM:SS[.fraction]Z`.
+fn assert_rfc3339(value: &Value) {
+    let text = value
+        .as_str()
+        .unwrap_or_else(|| panic!("{value} is not a string"));
+    let b = text.as_bytes();
+    assert!(
+        text.len() >= 20
+            && text.ends_with('Z')
+            && b[4] == b'-'
+            && b[7] == b'-'
+            && b[10] == b'T'
+            && b[13] == b':'
+            && b[16] == b':'
+            && (text.len() == 20 || b[19] == b'.'),
+        "{text} is not RFC 3339"
+    );
+    assert!(text.starts_with("20"), "{text} is not a current time");
+}
+
 fn example() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/bookinfo")
 }
@@ -43,6 +63,14 @@ async fn syncz_tracks_sent_and_acked_nonces() {
     let (code, syncz) = json(running.debug_address, "/debug/syncz").await;
     assert_eq!(code, 200);
     let connection = &syncz.as_array().expect("an array")[0];
+    // `proxy` is istiod's proxy id (`<pod>.<ns>`); our connection id is kept beside it.
+    assert_eq!(connection["proxy"], "ztunnel-x7k2p.istio-system");
+    assert!(
+        connection["connectionId"]
+            .as_str()
+            .unwrap()
+            .starts_with("ztunnel-x7k2p.istio-system-")
+    );
     assert!(
         connection["proxy_id"]
             .as_str()
@@ -56,6 +84,11 @@ async fn syncz_tracks_sent_and_acked_nonces() {
         first.nonce.as_str()
     );
     assert_eq!(connection["resources"][address_type]["acked"], "");
+    assert_rfc3339(&connection["resources"][address_type]["sentTime"]);
+    assert_eq!(
+        connection["resources"][address_type]["ackedTime"],
+        Value::Null
+    );
 
     client.ack(&first).await;
     let addr = running.debug_address;
@@ -65,6 +98,8 @@ async fn syncz_tracks_sent_and_acked_nonces() {
         syncz[0]["resources"][address_type]["acked"] == nonce.as_str()
     })
     .await;
+    let (_, syncz) = json(addr, "/debug/syncz").await;
+    assert_rfc3339(&syncz[0]["resources"][address_type]["ackedTime"]);
 
     // A NACK shows as the last error.
     let authorizations = client.recv().await;
@@ -80,40 +115,92 @@ async fn syncz_tracks_sent_and_acked_nonces() {
     running.stop().await;
 }
 
+/// What a client received, as config_dump shows it: each resource as protojson writes an Any,
+/// sorted by name.
+fn as_dumped(response: &ambientd::pb::xds::DeltaDiscoveryResponse) -> Vec<Value> {
+    use ambientd::debug::render;
+    use ambientd::pb::security::Authorization;
+    use ambientd::pb::workload::{Address, address};
+    use prost::Message;
+    let mut resources: Vec<_> = response.resources.iter().collect();
+    resources.sort_by(|a, b| a.name.cmp(&b.name));
+    resources
+        .into_iter()
+        .map(|r| {
+            let any = r.resource.as_ref().unwrap();
+            let mut dumped = serde_json::json!({"@type": any.type_url});
+            if any.type_url.ends_with("Authorization") {
+                let a = Authorization::decode(&any.value[..]).unwrap();
+                let Value::Object(fields) = render::authorization(&a) else {
+                    panic!("an object")
+                };
+                dumped.as_object_mut().unwrap().extend(fields);
+            } else {
+                match Address::decode(&any.value[..]).unwrap().r#type.unwrap() {
+                    address::Type::Workload(w) => dumped["workload"] = render::workload(&w),
+                    address::Type::Service(s) => dumped["service"] = render::service(&s),
+                }
+            }
+            dumped
+        })
+        .collect()
+}
+
 #[tokio::test]
-async fn config_dump_equals_what_the_client_received() {
+async fn config_dump_is_a_config_dump_of_what_the_client_received() {
     let running = start(&example()).await;
     let mut client = XdsClient::connect(&running).await;
     client.subscribe_wildcard(BTreeMap::new()).await;
     let (addresses, authorizations) = client.initial_sync().await;
-    let mut received = versions(&addresses);
-    received.extend(versions(&authorizations));
+    assert!(!authorizations.resources.is_empty());
 
     let addr = running.debug_address;
-    let (code, dump) = json(addr, "/debug/config_dump?proxyID=ztunnel-x7k2p").await;
-    assert_eq!(code, 200, "{dump}");
-    let dumped: BTreeMap<String, String> = dump["configs"]
-        .as_array()
-        .unwrap()
+    let configs = async |query: &str| {
+        let (code, dump) = json(addr, &format!("/debug/config_dump?proxyID={query}")).await;
+        assert_eq!(code, 200, "{dump}");
+        // Envoy admin's ConfigDump: nothing but `configs`.
+        assert_eq!(dump.as_object().unwrap().len(), 1, "{dump}");
+        dump["configs"].as_array().unwrap().clone()
+    };
+
+    // By default only the Address resources, as istiod dumps a ztunnel.
+    let dumped = configs("ztunnel-x7k2p").await;
+    assert_eq!(dumped, as_dumped(&addresses));
+    // Each Address is its oneof inside an Any; IPs are text, not protojson's base64.
+    let productpage = dumped
         .iter()
-        .map(|c| {
-            (
-                c["name"].as_str().unwrap().to_string(),
-                c["version"].as_str().unwrap().to_string(),
-            )
+        .find(|c| {
+            c["workload"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("productpage-v1"))
         })
-        .collect();
-    assert_eq!(dumped, received);
-    // IPs are strings.
-    let productpage = dump["configs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"].as_str().unwrap().contains("productpage-v1"))
         .unwrap();
-    assert_eq!(productpage["resource"]["addresses"][0], "10.244.1.10");
+    assert_eq!(
+        productpage["@type"],
+        "type.googleapis.com/istio.workload.Address"
+    );
+    assert_eq!(productpage["workload"]["addresses"][0], "10.244.1.10");
+    assert!(dumped.iter().any(|c| {
+        c["service"]["hostname"]
+            .as_str()
+            .is_some_and(|h| h.starts_with("productpage."))
+    }));
+
+    // `types` selects: WADS alone, or both in push order.
+    let policies = configs("ztunnel-x7k2p&types=WADS").await;
+    assert_eq!(policies, as_dumped(&authorizations));
+    assert_eq!(
+        policies[0]["@type"],
+        "type.googleapis.com/istio.security.Authorization"
+    );
+    assert!(policies[0]["name"].is_string());
+    let mut both = as_dumped(&addresses);
+    both.extend(as_dumped(&authorizations));
+    assert_eq!(configs("ztunnel-x7k2p&types=WDS,WADS").await, both);
 
     let (code, _) = http_get(addr, "/debug/config_dump").await;
+    assert_eq!(code, 400);
+    let (code, _) = http_get(addr, "/debug/config_dump?proxyID=ztunnel-x7k2p&types=CDS").await;
     assert_eq!(code, 400);
     let (code, _) = http_get(addr, "/debug/config_dump?proxyID=nobody").await;
     assert_eq!(code, 404);
@@ -137,6 +224,7 @@ async fn connections_adsz_and_ambientz_have_their_shapes() {
             .unwrap()
             .starts_with("ztunnel-x7k2p.istio-system-")
     );
+    assert_rfc3339(&connections["clients"][0]["connectedAt"]);
     // A synced proxy that ACKed everything: nothing held back.
     assert_eq!(
         connections["clients"][0]["pending"],

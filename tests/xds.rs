@@ -63,8 +63,9 @@ async fn initial_sync_delivers_both_types() {
     assert!(web1_resource.aliases.is_empty());
     assert!(addresses_response.system_version_info.is_empty());
 
-    let (code, _) = http_get(running.debug_address, "/ready").await;
+    let (code, body) = http_get(running.debug_address, "/ready").await;
     assert_eq!(code, 200);
+    assert_eq!(body, "", "istiod's /ready has no body");
     running.stop().await;
 }
 

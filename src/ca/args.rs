@@ -110,7 +110,7 @@ impl CaArgs {
                 self.max_cert_ttl.as_secs()
             ));
         }
-        crate::ca::tls::serving_sans("x", &self.tls_sans)?;
+        crate::ca::tls::serving_sans("x", "default", &self.tls_sans)?;
         Ok(CaConfig {
             xds_tls_address: self.xds_tls_address,
             ca_dir: self.ca_dir,

@@ -187,8 +187,12 @@ pub async fn start_with(
     ];
     list.extend(extra_authenticators);
     let authenticators = Authenticators::new(list);
-    let sans = tls::serving_sans(&settings.system_namespace, &config.tls_sans)
-        .map_err(CaError::Serving)?;
+    let sans = tls::serving_sans(
+        &settings.system_namespace,
+        &settings.revision,
+        &config.tls_sans,
+    )
+    .map_err(CaError::Serving)?;
     let tls_config = serving_config(&loaded.signer, &sans, now)?;
     let state = Arc::new(CaState {
         signer: ArcSwap::from_pointee(loaded.signer),

@@ -52,10 +52,11 @@ pub struct CaState {
 }
 
 impl CaState {
-    /// Publishes the current CA's expiry as `citadel_server_root_cert_expiry_timestamp`.
+    /// Publishes the current root's expiry as `citadel_server_root_cert_expiry_timestamp` (and
+    /// so `_seconds`), and the root bundle.
     pub fn record_root_expiry(&self) {
         let signer = self.signer.load();
-        let expiry = signer.not_after().unix_timestamp();
+        let expiry = signer.root_not_after().unix_timestamp();
         self.metrics.root_expiry.set(expiry as f64);
         self.root_bundle.send_if_modified(|bundle| {
             let changed = bundle.as_str() != signer.root_bundle();
@@ -148,6 +149,7 @@ impl IstioCertificateService for CertificateService {
                 Some(ValueKind::StringValue(s)) => Some(s.as_str()),
                 _ => {
                     warn!(%peer, caller = %caller.identity, "CSR refused: ImpersonatedIdentity is not a string");
+                    state.metrics.auth_failures.inc();
                     return Err(Status::unauthenticated(
                         "request impersonation authentication failure",
                     ));
@@ -164,15 +166,20 @@ impl IstioCertificateService for CertificateService {
                 ));
             }
         };
+        // Each failure here is a signing error to istiod (counted by its type).
+        let sign_error = |error: SignError| {
+            state.metrics.record_sign_error(error.error_type());
+            status(error)
+        };
         let ttl = state
             .ttl
             .resolve(request.validity_duration)
-            .map_err(status)?;
-        let csr = Csr::parse_pem(&request.csr).map_err(status)?;
+            .map_err(sign_error)?;
+        let csr = Csr::parse_pem(&request.csr).map_err(sign_error)?;
         let signer = state.signer.load();
         let chain = signer
             .sign_workload(&csr, &identity, ttl, time::OffsetDateTime::now_utc())
-            .map_err(status)?;
+            .map_err(sign_error)?;
         debug!(%peer, caller = %caller.identity, %identity, ttl = ttl.as_secs(), "signed a workload certificate");
         state.metrics.certs_issued.inc();
         Ok(Response::new(IstioCertificateResponse {

@@ -37,6 +37,17 @@ pub enum SignError {
     Internal(String),
 }
 
+impl SignError {
+    /// istiod's error type, the `error` label of `citadel_server_csr_sign_err_count`.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            SignError::BadCsr(_) => "CSR_ERROR",
+            SignError::TtlTooLong { .. } => "TTL_ERROR",
+            SignError::Internal(_) => "CERT_GEN_ERROR",
+        }
+    }
+}
+
 /// Certificate lifetimes: what an unspecified request gets, and the most it may ask for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TtlPolicy {
@@ -123,6 +134,8 @@ impl Csr {
 pub struct Signer {
     issuer: Issuer<'static, KeyPair>,
     not_after: OffsetDateTime,
+    /// The first root's NotAfter (istiod's root expiry: the first certificate of the bundle).
+    root_not_after: OffsetDateTime,
     /// PEM, signer first, excluding roots; each ends in `\n`.
     intermediates: Vec<String>,
     /// Every root, concatenated: the last element of every chain.
@@ -154,13 +167,17 @@ impl Signer {
         let not_after = parsed.validity().not_after.to_datetime();
         let issuer = Issuer::from_ca_cert_der(signer_cert, key)
             .map_err(|e| format!("signing certificate is not usable: {e}"))?;
-        if roots.is_empty() {
+        let Some(first_root) = roots.first() else {
             return Err("no root certificate".into());
-        }
+        };
+        let (_, parsed_root) = x509_parser::parse_x509_certificate(first_root)
+            .map_err(|e| format!("root certificate does not parse: {e}"))?;
+        let root_not_after = parsed_root.validity().not_after.to_datetime();
         let root_bundle = roots.iter().map(|r| certificate_pem(r)).collect();
         Ok(Signer {
             issuer,
             not_after,
+            root_not_after,
             intermediates: intermediates.iter().map(|c| certificate_pem(c)).collect(),
             root_bundle,
             roots,
@@ -179,6 +196,12 @@ impl Signer {
     /// The signing certificate's NotAfter.
     pub fn not_after(&self) -> OffsetDateTime {
         self.not_after
+    }
+
+    /// The root's NotAfter: the first certificate of the root bundle, as istiod reads it for
+    /// `citadel_server_root_cert_expiry_timestamp`.
+    pub fn root_not_after(&self) -> OffsetDateTime {
+        self.root_not_after
     }
 
     /// Signs a workload certificate for `identity` and returns the chain

@@ -73,23 +73,37 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
-/// The serving certificate's SANs: `istiod.<ns>.svc` and `ambientd.<ns>.svc` (DNS), then each
-/// extra as an IP SAN if it parses as an IP, else a DNS SAN.
-pub fn serving_sans(namespace: &str, extra: &[String]) -> Result<Vec<SanType>, String> {
+/// The serving certificate's SANs, as DNS names: istiod's `istiod.<ns>.svc`,
+/// `istiod-remote.<ns>.svc` and `istio-pilot.<ns>.svc`, `istiod-<rev>.<ns>.svc` when `revision`
+/// is not `default`, and our own `ambientd.<ns>.svc`; then each extra as an IP SAN if it parses
+/// as an IP, else a DNS SAN.
+pub fn serving_sans(
+    namespace: &str,
+    revision: &str,
+    extra: &[String],
+) -> Result<Vec<SanType>, String> {
     let mut names = vec![
         format!("istiod.{namespace}.svc"),
-        format!("ambientd.{namespace}.svc"),
+        format!("istiod-remote.{namespace}.svc"),
+        format!("istio-pilot.{namespace}.svc"),
     ];
+    if revision != "default" {
+        names.push(format!("istiod-{revision}.{namespace}.svc"));
+    }
+    names.push(format!("ambientd.{namespace}.svc"));
+    let own = names.len();
     names.extend(extra.iter().cloned());
     let mut sans = Vec::new();
-    for name in names {
+    for (i, name) in names.into_iter().enumerate() {
         let san = match name.parse::<IpAddr>() {
             Ok(ip) => SanType::IpAddress(ip),
-            Err(_) => SanType::DnsName(
-                name.as_str()
-                    .try_into()
-                    .map_err(|e| format!("--tls-san {name:?}: {e}"))?,
-            ),
+            Err(_) => SanType::DnsName(name.as_str().try_into().map_err(|e| {
+                if i < own {
+                    format!("serving name {name:?} (from the namespace and --revision): {e}")
+                } else {
+                    format!("--tls-san {name:?}: {e}")
+                }
+            })?),
         };
         if !sans.contains(&san) {
             sans.push(san);
@@ -137,4 +151,38 @@ pub fn incoming(
         }
     });
     ReceiverStream::new(rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dns(name: &str) -> SanType {
+        SanType::DnsName(name.try_into().unwrap())
+    }
+
+    #[test]
+    fn serving_sans_name_istiod_its_aliases_the_revision_and_extras() {
+        let sans = serving_sans("ns", "canary", &["10.0.0.7".into(), "x.example".into()]).unwrap();
+        assert_eq!(
+            sans,
+            vec![
+                dns("istiod.ns.svc"),
+                dns("istiod-remote.ns.svc"),
+                dns("istio-pilot.ns.svc"),
+                dns("istiod-canary.ns.svc"),
+                dns("ambientd.ns.svc"),
+                SanType::IpAddress("10.0.0.7".parse().unwrap()),
+                dns("x.example"),
+            ]
+        );
+        let default = serving_sans("ns", "default", &[]).unwrap();
+        assert!(!default.contains(&dns("istiod-default.ns.svc")));
+        assert_eq!(default.len(), 4);
+        assert!(
+            serving_sans("ns", "default", &["caf\u{e9}.example".into()])
+                .unwrap_err()
+                .contains("--tls-san")
+        );
+    }
 }

@@ -1,10 +1,10 @@
 //! The debug HTTP endpoint (15014). It reads published snapshots, the connection registry and
 //! metrics, and never mutates the mesh.
 //!
-//! Open to everyone: `/ready` (200 once the first snapshot is built, 503 before), `/version`,
-//! `/metrics`. `/debug/*` and `/logging` are open on loopback; other callers must present a
-//! token (or, through a proxy, nothing else) that the CA's authenticators accept for an
-//! identity in the root namespace, as istiod requires.
+//! Open to everyone: `/ready` (200 with no body once the first snapshot is built, 503 before),
+//! `/version`, `/metrics`. `/debug/*` and `/logging` are open on loopback; other callers must
+//! present a token (or, through a proxy, nothing else) that the CA's authenticators accept for
+//! an identity in the root namespace, as istiod requires.
 
 mod explain;
 mod logging;
@@ -123,9 +123,10 @@ async fn guard(State(state): State<DebugState>, request: Request, next: Next) ->
     }
 }
 
+/// istiod's readiness: 200 with no body when ready; 503 (here with a short reason) before.
 async fn ready(State(state): State<DebugState>) -> (StatusCode, &'static str) {
     if state.snapshots.borrow().is_some() {
-        (StatusCode::OK, "ready\n")
+        (StatusCode::OK, "")
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -265,7 +266,8 @@ mod tests {
         assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
         assert!(body.contains("not ready"));
         publish.send_replace(Some(Arc::new(crate::discovery::Snapshot::default())));
-        let (code, _) = ready(State(state(snapshots))).await;
+        let (code, body) = ready(State(state(snapshots))).await;
         assert_eq!(code, StatusCode::OK);
+        assert_eq!(body, "", "istiod's 200 has no body");
     }
 }

@@ -1,5 +1,6 @@
 //! Resources as JSON for people: proto field names in camelCase, enums by name, IPs as
-//! strings (istiod's `/debug/ambientz` and `config_dump` habits).
+//! strings (istiod's `/debug/ambientz` and `config_dump` habits). [`any`] wraps one as
+//! protojson writes a `google.protobuf.Any`, for `config_dump`.
 
 use crate::discovery::names::{TypeKind, ip_from_bytes};
 
@@ -239,4 +240,34 @@ pub fn resource(resource: &Resource) -> Value {
     } else {
         address(resource)
     }
+}
+
+/// A resource as protojson writes it inside a `google.protobuf.Any`: `@type` then the message's
+/// fields. An Address is the oneof it holds (`{"@type": ..., "workload": {...}}` or
+/// `"service"`); an Authorization its own fields. IPs stay text, unlike protojson's base64.
+pub fn any(resource: &Resource) -> Value {
+    let mut map = Map::new();
+    map.insert("@type".into(), json!(resource.kind.type_url()));
+    if resource.kind == TypeKind::Authorization {
+        match Authorization::decode(&resource.value()[..]) {
+            Ok(a) => map.extend(obj(authorization(&a))),
+            Err(e) => {
+                map.insert("error".into(), json!(e.to_string()));
+            }
+        }
+    } else {
+        match Address::decode(&resource.value()[..]).map(|a| a.r#type) {
+            Ok(Some(address::Type::Workload(w))) => {
+                map.insert("workload".into(), workload(&w));
+            }
+            Ok(Some(address::Type::Service(s))) => {
+                map.insert("service".into(), service(&s));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                map.insert("error".into(), json!(e.to_string()));
+            }
+        }
+    }
+    Value::Object(map)
 }

@@ -10,19 +10,21 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
 
 use crate::debug::{DebugState, render};
 use crate::discovery::names::TypeKind;
 use crate::discovery::status::{StatusCondition, StatusKind, StatusTarget};
 use crate::push::registry::{ClientView, ConnectionStatus};
 
+/// `time` as istiod's JSON writes a Go `time.Time`: RFC 3339 in UTC with the fraction of a second
+/// trimmed of trailing zeros (`2026-11-30T10:20:15.123456789Z`); `null` for no time.
 pub fn rfc3339(time: Option<SystemTime>) -> Value {
     let Some(time) = time else { return Value::Null };
-    let secs = time
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or_default();
-    json!(secs)
+    OffsetDateTime::from(time)
+        .format(&Rfc3339)
+        .map_or(Value::Null, Value::String)
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -71,7 +73,8 @@ pub async fn syncz(
                 .collect();
             let proxy = c.proxy.clone().unwrap_or_default();
             json!({
-                "proxy": c.connection_id,
+                "proxy": c.proxy.as_ref().map(|p| p.proxy_id()),
+                "connectionId": c.connection_id,
                 "proxy_id": proxy.id,
                 "proxy_type": proxy.id.split('~').next().unwrap_or_default(),
                 "cluster_id": proxy.cluster_id,
@@ -161,11 +164,58 @@ pub async fn adsz(State(state): State<DebugState>, Query(q): Query<ProxyQuery>) 
     Json(json!({"totalClients": clients.len(), "clients": clients}))
 }
 
-/// `/debug/config_dump?proxyID=`: what that proxy was sent and holds. 400 without proxyID,
-/// 404 when no such proxy is connected here.
-pub async fn config_dump(State(state): State<DebugState>, Query(q): Query<ProxyQuery>) -> Response {
+#[derive(Debug, Default, Deserialize)]
+pub struct ConfigDumpQuery {
+    #[serde(rename = "proxyID")]
+    pub proxy_id: Option<String>,
+    /// Comma-separated short type names (`WDS`, `WADS`) or type URLs.
+    pub types: Option<String>,
+}
+
+/// The types `config_dump` shows: the Address resources alone unless `types` names others
+/// (`WDS` = Address, `WADS` = Authorization, or the type URLs), in push order.
+pub fn dump_types(types: Option<&str>) -> Result<Vec<TypeKind>, String> {
+    let names: Vec<&str> = types
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .collect();
+    if names.is_empty() {
+        return Ok(vec![TypeKind::Address]);
+    }
+    let mut wanted = Vec::new();
+    for name in names {
+        let kind = TypeKind::ALL
+            .into_iter()
+            .find(|k| type_name(*k).eq_ignore_ascii_case(name) || k.type_url() == name)
+            .ok_or_else(|| {
+                format!("unknown type {name:?}; known: WDS (Address), WADS (Authorization)")
+            })?;
+        wanted.push(kind);
+    }
+    Ok(TypeKind::ALL
+        .into_iter()
+        .filter(|k| wanted.contains(k))
+        .collect())
+}
+
+/// `/debug/config_dump?proxyID=[&types=]`: what that proxy holds, as istiod's Envoy-admin-style
+/// `ConfigDump`: `{"configs": [Any...]}`, each resource as protojson writes an `Any` (see
+/// [`render::any`]), sorted by name within each type. 400 without proxyID or with an unknown
+/// type, 404 when no such proxy is connected here.
+pub async fn config_dump(
+    State(state): State<DebugState>,
+    Query(q): Query<ConfigDumpQuery>,
+) -> Response {
     let Some(id) = q.proxy_id.filter(|id| !id.is_empty()) else {
         return (StatusCode::BAD_REQUEST, "proxyID is required\n").into_response();
+    };
+    let kinds = match dump_types(q.types.as_deref()) {
+        Ok(kinds) => kinds,
+        Err(error) => {
+            return (StatusCode::BAD_REQUEST, format!("types: {error}\n")).into_response();
+        }
     };
     let Some(connection) = state.registry.find(&id).into_iter().next() else {
         return (
@@ -176,50 +226,37 @@ pub async fn config_dump(State(state): State<DebugState>, Query(q): Query<ProxyQ
     };
     let latest = state.snapshots.borrow().clone();
     let mut configs = Vec::new();
-    for (kind, status) in &connection.types {
-        let entries: Vec<(String, String, Option<Value>)> = match &status.view {
+    for kind in kinds {
+        let Some(status) = connection.types.get(&kind) else {
+            continue;
+        };
+        let mut entries: Vec<(String, Value)> = match &status.view {
             Some(ClientView::Snapshot(snapshot)) => snapshot
-                .resources(*kind)
+                .resources(kind)
                 .iter()
-                .map(|(name, r)| {
-                    (
-                        name.to_string(),
-                        r.version.to_string(),
-                        Some(render::resource(r)),
-                    )
-                })
+                .map(|(name, r)| (name.to_string(), render::any(r)))
                 .collect(),
+            // An on-demand client's resources, rendered from the latest snapshot when it still
+            // has the version the proxy holds (a newer one is on its way otherwise, and the
+            // resource is left out: an Any has nowhere to say "content unknown").
             Some(ClientView::Held(held)) => held
                 .iter()
-                .map(|(name, version)| {
-                    // An on-demand client's resources, rendered from the latest snapshot.
-                    let rendered = latest
-                        .as_ref()
-                        .and_then(|s| s.resources(*kind).get(name.as_str()).cloned())
-                        .filter(|r| r.version.is(version))
-                        .map(|r| render::resource(&r));
-                    (name.clone(), version.clone(), rendered)
+                .filter_map(|(name, version)| {
+                    let resource = latest
+                        .as_ref()?
+                        .resources(kind)
+                        .get(name.as_str())
+                        .cloned()
+                        .filter(|r| r.version.is(version))?;
+                    Some((name.clone(), render::any(&resource)))
                 })
                 .collect(),
             None => Vec::new(),
         };
-        let mut entries = entries;
         entries.sort_by(|a, b| a.0.cmp(&b.0));
-        for (name, version, resource) in entries {
-            configs.push(json!({
-                "typeUrl": kind.type_url(),
-                "name": name,
-                "version": version,
-                "resource": resource,
-            }));
-        }
+        configs.extend(entries.into_iter().map(|(_, config)| config));
     }
-    Json(json!({
-        "connectionId": connection.connection_id,
-        "proxyId": connection.proxy.map(|p| p.id).unwrap_or_default(),
-        "configs": configs,
-    }))
-    .into_response()
+    Json(json!({ "configs": configs })).into_response()
 }
 
 /// `/debug/ambientz[?namespace=]`: workloads, services and policies, each policy with its
@@ -318,5 +355,44 @@ pub fn type_name(kind: TypeKind) -> &'static str {
     match kind {
         TypeKind::Address => "WDS",
         TypeKind::Authorization => "WADS",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn rfc3339_writes_times_as_go_time_json_does() {
+        let at = |secs, nanos| Some(SystemTime::UNIX_EPOCH + Duration::new(secs, nanos));
+        assert_eq!(
+            rfc3339(at(1_796_034_015, 123_456_789)),
+            json!("2026-11-30T10:20:15.123456789Z")
+        );
+        // Trailing zeros of the fraction are trimmed, and a whole second has none (RFC3339Nano).
+        assert_eq!(
+            rfc3339(at(1_796_034_015, 120_000_000)),
+            json!("2026-11-30T10:20:15.12Z")
+        );
+        assert_eq!(rfc3339(at(0, 0)), json!("1970-01-01T00:00:00Z"));
+        assert_eq!(rfc3339(None), Value::Null);
+    }
+
+    #[test]
+    fn config_dump_shows_addresses_unless_types_selects_others() {
+        use TypeKind::{Address, Authorization};
+        assert_eq!(dump_types(None), Ok(vec![Address]));
+        assert_eq!(dump_types(Some("")), Ok(vec![Address]));
+        assert_eq!(dump_types(Some("WADS")), Ok(vec![Authorization]));
+        assert_eq!(
+            dump_types(Some("WADS, wds,WADS")),
+            Ok(vec![Address, Authorization])
+        );
+        assert_eq!(
+            dump_types(Some("type.googleapis.com/istio.security.Authorization")),
+            Ok(vec![Authorization])
+        );
+        assert!(dump_types(Some("WDS,CDS")).unwrap_err().contains("\"CDS\""));
     }
 }

@@ -239,6 +239,17 @@ pub struct ProxyInfo {
 }
 
 impl ProxyInfo {
+    /// The proxy's id as istiod has it: the third `~` segment of the node id
+    /// (`ztunnel~<ip>~<pod>.<ns>~<ns>.svc.cluster.local`), else `<NAME>.<NAMESPACE>` from the
+    /// metadata when the node id is not in that form.
+    pub fn proxy_id(&self) -> String {
+        let parts: Vec<&str> = self.id.split('~').collect();
+        match parts.as_slice() {
+            [_, _, id, _] if !id.is_empty() => (*id).to_string(),
+            _ => format!("{}.{}", self.name, self.namespace),
+        }
+    }
+
     fn from_node(node: &Node) -> Self {
         let meta = |key: &str| {
             node.metadata
@@ -766,6 +777,23 @@ impl Connection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_proxy_id_is_the_third_segment_of_the_node_id_as_istiod_parses_it() {
+        let proxy = |id: &str| ProxyInfo {
+            id: id.into(),
+            name: "ztunnel-x7k2p".into(),
+            namespace: "istio-system".into(),
+            node_name: String::new(),
+            cluster_id: String::new(),
+            version: String::new(),
+        };
+        let node = "ztunnel~10.244.1.2~zt-abc.kube-system~kube-system.svc.cluster.local";
+        assert_eq!(proxy(node).proxy_id(), "zt-abc.kube-system");
+        // Not istiod's four-part form: the metadata names the pod.
+        assert_eq!(proxy("ztunnel").proxy_id(), "ztunnel-x7k2p.istio-system");
+        assert_eq!(proxy("a~b~~d").proxy_id(), "ztunnel-x7k2p.istio-system");
+    }
 
     /// An idle stream's task holds its `run` future for the stream's life: the request and
     /// push handlers are boxed so that their state is not part of it, and so is the connection
