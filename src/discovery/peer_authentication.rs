@@ -298,11 +298,8 @@ pub fn workload_references<'a>(
         }
         // Only real ports count, as in the conversion: a reference to a policy that is not
         // generated would drop the static strict policy and let plaintext in (fail open).
-        let any_port = |pred: fn(MtlsMode) -> bool| {
-            wl.port_level
-                .range(..=65535)
-                .any(|(_, m)| pred(*m))
-        };
+        let any_port =
+            |pred: fn(MtlsMode) -> bool| wl.port_level.range(..=65535).any(|(_, m)| pred(*m));
         match wl.mode {
             MtlsMode::Strict => {
                 if any_port(MtlsMode::non_strict) {

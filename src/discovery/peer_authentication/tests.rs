@@ -475,7 +475,12 @@ fn port_above_65535_is_ignored_and_the_workload_stays_strict() {
     assert_eq!(convert(&pa, &[&ns, &pa]), None);
     assert_eq!(refs("foo", &app_a(), &[&ns, &pa]), [STATIC]);
     // A real port next to it still counts.
-    let pa = wl_pa("foo", "wl", Strict, &[(70000, Permissive), (8080, Permissive)]);
+    let pa = wl_pa(
+        "foo",
+        "wl",
+        Strict,
+        &[(70000, Permissive), (8080, Permissive)],
+    );
     assert!(convert(&pa, &[&pa]).is_some());
     assert_eq!(
         refs("foo", &app_a(), &[&pa]),
