@@ -30,13 +30,14 @@ pub enum TrafficType {
 }
 
 impl TrafficType {
-    fn parse(value: &str) -> Option<Self> {
+    /// istiod keeps the label's text as the traffic type and binds only on `service`,
+    /// `workload` or `all`: any other value (a typo, an empty string) takes nothing, like `none`.
+    fn parse(value: &str) -> Self {
         match value {
-            "service" => Some(TrafficType::Service),
-            "workload" => Some(TrafficType::Workload),
-            "all" => Some(TrafficType::All),
-            "none" => Some(TrafficType::None),
-            _ => None,
+            "service" => TrafficType::Service,
+            "workload" => TrafficType::Workload,
+            "all" => TrafficType::All,
+            _ => TrafficType::None,
         }
     }
 
@@ -93,8 +94,7 @@ impl Waypoint {
             .labels
             .get(WAYPOINT_FOR)
             .or_else(|| class.and_then(|c| c.labels.get(WAYPOINT_FOR)))
-            .and_then(TrafficType::parse)
-            .unwrap_or(TrafficType::Service);
+            .map_or(TrafficType::Service, TrafficType::parse);
         let binding_text = gw
             .annotations
             .get(INBOUND_BINDING)
@@ -291,4 +291,56 @@ pub fn never_uses_waypoint(labels: &Labels) -> bool {
     labels
         .get(MANAGED_LABEL)
         .is_some_and(|v| v == "istio.io-mesh-controller" || v == "istio.io-eastwest-controller")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ready(gateway_labels: Labels, class_labels: Labels) -> Waypoint {
+        let gw = Gateway {
+            name: "wp".into(),
+            namespace: "demo".into(),
+            labels: gateway_labels,
+            addresses: vec![("IPAddress".into(), "10.9.0.1".into())],
+            ..Default::default()
+        };
+        let class = GatewayClass {
+            name: "istio-waypoint".into(),
+            labels: class_labels,
+            ..Default::default()
+        };
+        Waypoint::from_gateway(&gw, Some(&class), "").expect("ready")
+    }
+
+    #[test]
+    fn unknown_waypoint_for_value_binds_nothing() {
+        // (gateway label, class label, traffic type)
+        let table = [
+            (None, None, TrafficType::Service),
+            (None, Some("workload"), TrafficType::Workload),
+            (Some("all"), Some("workload"), TrafficType::All),
+            // istiod keeps the text: an unknown value is not the `service` default.
+            (Some("bogus"), None, TrafficType::None),
+            (None, Some("bogus"), TrafficType::None),
+            // The Gateway's own label wins, even when it is unknown or empty.
+            (Some("Service"), Some("service"), TrafficType::None),
+            (Some(""), Some("all"), TrafficType::None),
+        ];
+        for (on_gateway, on_class, want) in table {
+            let label = |v: Option<&str>| {
+                v.map(|v| Labels::from([(WAYPOINT_FOR, v)]))
+                    .unwrap_or_default()
+            };
+            let wp = ready(label(on_gateway), label(on_class));
+            assert_eq!(
+                wp.traffic, want,
+                "gateway={on_gateway:?} class={on_class:?}"
+            );
+            if want == TrafficType::None {
+                assert!(!wp.traffic.admits(Bind::Service));
+                assert!(!wp.traffic.admits(Bind::Workload));
+            }
+        }
+    }
 }

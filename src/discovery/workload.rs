@@ -163,20 +163,22 @@ pub fn canonical_revision(labels: &Labels) -> String {
     .unwrap_or_else(|| "latest".to_string())
 }
 
-/// HBONE when istio-cni marked the pod redirected (`redirection`, the value of the
-/// [`REDIRECTION_ANNOTATION`]), or when the tunnel label lists `http` (then
-/// also `native_tunnel`). Never LEGACY_ISTIO_MTLS: ztunnel rejects it, and istiod never sends it.
+/// istiod's `setTunnelProtocol`, both steps applied in order: HBONE when istio-cni marked the
+/// pod redirected (`redirection`, the value of the [`REDIRECTION_ANNOTATION`]); then HBONE with
+/// `native_tunnel` when the tunnel label lists `http`, whether or not the annotation is set.
+/// Never LEGACY_ISTIO_MTLS: ztunnel rejects it, and istiod never sends it.
 pub fn tunnel_protocol(labels: &Labels, redirection: Option<&str>) -> (TunnelProtocol, bool) {
+    let mut result = (TunnelProtocol::None, false);
     if redirection == Some("enabled") {
-        return (TunnelProtocol::Hbone, false);
+        result = (TunnelProtocol::Hbone, false);
     }
     if labels
         .get(TUNNEL_LABEL)
         .is_some_and(|v| v.split(',').any(|p| p == "http"))
     {
-        return (TunnelProtocol::Hbone, true);
+        result = (TunnelProtocol::Hbone, true);
     }
-    (TunnelProtocol::None, false)
+    result
 }
 
 /// Locality from the pod's Node labels; `None` when the node is unknown or has none of them.
@@ -202,4 +204,30 @@ pub fn parse_locality(text: &str) -> Option<Locality> {
         zone: parts.next().unwrap_or_default(),
         subzone: parts.next().unwrap_or_default(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tunnel_label_sets_native_tunnel_even_when_the_pod_is_redirected() {
+        let tunnel = Labels::from([(TUNNEL_LABEL, "http")]);
+        assert_eq!(
+            tunnel_protocol(&tunnel, Some("enabled")),
+            (TunnelProtocol::Hbone, true)
+        );
+        assert_eq!(
+            tunnel_protocol(&Labels::new(), Some("enabled")),
+            (TunnelProtocol::Hbone, false)
+        );
+        assert_eq!(
+            tunnel_protocol(&tunnel, Some("pending")),
+            (TunnelProtocol::Hbone, true)
+        );
+        assert_eq!(
+            tunnel_protocol(&Labels::new(), None),
+            (TunnelProtocol::None, false)
+        );
+    }
 }
