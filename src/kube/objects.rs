@@ -551,8 +551,9 @@ impl RawService {
             .enumerate()
             .map(|(i, p)| {
                 let port = port_number(p.port, &format!("spec.ports[{i}].port"))?;
+                // The API server defaults an absent, `0` or `""` targetPort to the port.
                 let target_port = match &p.target_port {
-                    None => TargetPort::Number(port),
+                    None | Some(IntOrString::Int(0)) => TargetPort::Number(port),
                     Some(IntOrString::Int(n)) => {
                         TargetPort::Number(port_number(*n, &format!("spec.ports[{i}].targetPort"))?)
                     }
@@ -669,6 +670,21 @@ mod tests {
         assert_eq!(svc.cluster_ips, vec!["10.0.0.1".parse::<IpAddr>().unwrap()]);
         assert!(svc.ip_families.is_empty(), "ipFamilies is read as written");
         assert!(!svc.external_name && !svc.internal_traffic_local);
+    }
+
+    #[test]
+    fn target_port_zero_or_empty_defaults_to_the_port_like_unset() {
+        let Object::Service(svc) = object(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec:\n  ports: [{name: a, port: 80, targetPort: 0}, {name: b, port: 81, targetPort: ''}, {name: c, port: 82}, {name: d, port: 83, targetPort: 8083}]\n",
+        ) else {
+            panic!("not a service")
+        };
+        let targets: Vec<_> = svc.ports.iter().map(|p| p.target_port.clone()).collect();
+        assert_eq!(
+            targets,
+            [80, 81, 82, 8083].map(TargetPort::Number).to_vec(),
+            "targetPort 0 keeps the Service"
+        );
     }
 
     #[test]
