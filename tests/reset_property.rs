@@ -234,6 +234,7 @@ fn workload_entry_object() -> impl Strategy<Value = Object> {
             labels.extend_from(&revision);
             let mut we = workload_entry(&ns, name, address, &[]);
             we.labels = labels;
+            we.revision = revision.get("istio.io/rev").map(str::to_string);
             we.endpoint.ports = [("web".to_string(), 9000)].into();
             we.endpoint.network = network.unwrap_or_default().into();
             Object::WorkloadEntry(we)

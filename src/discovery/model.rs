@@ -312,6 +312,9 @@ pub struct WorkloadEntry {
     pub labels: Labels,
     pub annotations: Labels,
     pub endpoint: Endpoint,
+    /// `metadata.labels["istio.io/rev"]`: istiod's revision filter reads the object's own
+    /// labels, never `spec.labels`.
+    pub revision: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]

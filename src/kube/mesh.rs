@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::discovery::authorization::REVISION_LABEL;
 use crate::discovery::model::{
     AllowedNamespaces, Endpoint, EndpointSlice, Gateway, GatewayClass, Labels, Listener, Object,
     Resolution, ServiceEntry, ServiceEntryPort, SliceEndpoint, SlicePort, TargetRef, WorkloadEntry,
@@ -295,6 +296,7 @@ pub(crate) fn workload_entry(value: &Value) -> Result<Object, String> {
         labels,
         annotations: raw.metadata.annotations,
         endpoint,
+        revision: raw.metadata.labels.get(REVISION_LABEL).map(str::to_string),
     }))
 }
 

@@ -688,6 +688,38 @@ mod tests {
     }
 
     #[test]
+    fn workload_entry_revision_comes_from_metadata_labels_only() {
+        use crate::discovery::{Index, Settings};
+        let entry = |metadata_labels: &str, spec_labels: &str| {
+            object(&format!(
+                "apiVersion: networking.istio.io/v1\nkind: WorkloadEntry\nmetadata: {{name: vm, namespace: n, labels: {{{metadata_labels}}}}}\nspec: {{address: 10.5.0.1, labels: {{{spec_labels}}}}}\n"
+            ))
+        };
+        let uid = "Kubernetes/networking.istio.io/WorkloadEntry/n/vm";
+        let published = |object: Object| {
+            let mut index = Index::new(Settings::default());
+            index
+                .apply(object)
+                .addresses
+                .upserted
+                .iter()
+                .any(|n| &**n == uid)
+        };
+        // A revision in spec.labels (merged into the workload's labels) is not the object's.
+        let Object::WorkloadEntry(we) = entry("", "istio.io/rev: canary") else {
+            panic!("not a workload entry")
+        };
+        assert_eq!(we.revision, None);
+        assert_eq!(we.labels.get("istio.io/rev"), Some("canary"));
+        assert!(published(Object::WorkloadEntry(we)));
+        assert!(!published(entry("istio.io/rev: canary", "")));
+        assert!(published(entry(
+            "istio.io/rev: default",
+            "istio.io/rev: canary"
+        )));
+    }
+
+    #[test]
     fn headless_service_has_no_cluster_ips_and_named_target_ports_stay_named() {
         let Object::Service(svc) = object(
             "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: n}\nspec:\n  clusterIP: None\n  ports: [{port: 80, targetPort: http, protocol: UDP}]\n",
