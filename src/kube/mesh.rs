@@ -4,6 +4,7 @@
 //! and errors that name the field.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -243,18 +244,14 @@ pub(crate) fn service_entry(value: &Value) -> Result<Object, String> {
         .enumerate()
         .map(|(i, e)| endpoint(e, &format!("spec.endpoints[{i}]")))
         .collect::<Result<Vec<_>, _>>()?;
+    // istiod skips an auto-allocated address it cannot parse ("unreadable is unusable") and
+    // keeps the rest; it never invalidates the entry.
     let allocated = raw
         .status
         .addresses
         .iter()
-        .enumerate()
-        .map(|(i, a)| {
-            Ok((
-                a.host.clone(),
-                parse_ip(&a.value, &format!("status.addresses[{i}].value"))?,
-            ))
-        })
-        .collect::<Result<Vec<_>, String>>()?;
+        .filter_map(|a| Some((a.host.clone(), a.value.parse::<IpAddr>().ok()?)))
+        .collect();
     if spec.hosts.is_empty() {
         return Err("spec.hosts is empty".into());
     }

@@ -720,6 +720,19 @@ mod tests {
     }
 
     #[test]
+    fn service_entry_skips_an_unparsable_allocated_address_and_keeps_the_rest() {
+        let Object::ServiceEntry(se) = object(
+            "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: se, namespace: n}\nspec: {hosts: [a.example.com], resolution: DNS}\nstatus:\n  addresses: [{host: a.example.com, value: not-an-ip}, {host: a.example.com, value: 240.240.0.1}]\n",
+        ) else {
+            panic!("not a service entry")
+        };
+        assert_eq!(
+            se.allocated,
+            vec![("a.example.com".to_string(), "240.240.0.1".parse().unwrap())]
+        );
+    }
+
+    #[test]
     fn headless_service_has_no_cluster_ips_and_named_target_ports_stay_named() {
         let Object::Service(svc) = object(
             "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: n}\nspec:\n  clusterIP: None\n  ports: [{port: 80, targetPort: http, protocol: UDP}]\n",
