@@ -225,6 +225,8 @@ pub struct EndpointSlice {
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SliceEndpoint {
+    /// Empty for an FQDN slice, and when any address is not an IP (istiod skips such an
+    /// endpoint, not the slice).
     pub addresses: Vec<IpAddr>,
     /// `conditions.ready`; unset counts as ready.
     pub ready: Option<bool>,

@@ -8,6 +8,7 @@ use std::net::IpAddr;
 
 use serde::Deserialize;
 use serde_json::Value;
+use tracing::warn;
 
 use crate::discovery::authorization::REVISION_LABEL;
 use crate::discovery::model::{
@@ -67,14 +68,22 @@ pub(crate) fn endpoint_slice(value: &Value) -> Result<Object, String> {
         .iter()
         .enumerate()
         .map(|(i, e)| {
-            let addresses = e
-                .addresses
-                .iter()
-                .enumerate()
-                .filter(|_| raw.address_type != "FQDN")
-                .map(|(j, a)| parse_ip(a, &format!("endpoints[{i}].addresses[{j}]")))
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(SliceEndpoint {
+            let addresses = if raw.address_type == "FQDN" {
+                Vec::new()
+            } else {
+                e.addresses
+                    .iter()
+                    .enumerate()
+                    .map(|(j, a)| parse_ip(a, &format!("endpoints[{i}].addresses[{j}]")))
+                    .collect::<Result<Vec<_>, _>>()
+                    .unwrap_or_else(|error| {
+                        // As istiod: this endpoint builds no workload; the rest of the slice
+                        // stands, and a Pod targetRef still names the pod as a member.
+                        warn!(%namespace, slice = %name, %error, "skipping an EndpointSlice endpoint with an invalid address");
+                        Vec::new()
+                    })
+            };
+            SliceEndpoint {
                 addresses,
                 ready: e.conditions.ready,
                 target_ref: e.target_ref.as_ref().map(|t| TargetRef {
@@ -83,9 +92,9 @@ pub(crate) fn endpoint_slice(value: &Value) -> Result<Object, String> {
                     name: t.name.clone(),
                     uid: t.uid.clone(),
                 }),
-            })
+            }
         })
-        .collect::<Result<Vec<_>, String>>()?;
+        .collect();
     let ports = raw
         .ports
         .iter()

@@ -733,6 +733,29 @@ mod tests {
     }
 
     #[test]
+    fn endpoint_slice_with_one_bad_address_skips_only_that_endpoint() {
+        use crate::discovery::{Index, Settings};
+        let mut index = Index::new(Settings::default());
+        for yaml in [
+            "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: n}\nspec: {clusterIP: 10.96.0.1, ports: [{name: http, port: 80}]}\n",
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-x, namespace: n, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nendpoints: [{addresses: [10.1.0.1]}, {addresses: [not-an-ip]}, {addresses: [10.1.0.3]}]\n",
+        ] {
+            index.apply(object(yaml));
+        }
+        let snapshot = index.snapshot();
+        let slice_uid =
+            |ip: &str| format!("Kubernetes/discovery.k8s.io/EndpointSlice/n/web-x/{ip}");
+        let has = |name: &str| {
+            snapshot
+                .resources(crate::discovery::names::TypeKind::Address)
+                .contains_key(name)
+        };
+        assert!(has(&slice_uid("10.1.0.1")));
+        assert!(has(&slice_uid("10.1.0.3")));
+        assert!(!has(&slice_uid("not-an-ip")));
+    }
+
+    #[test]
     fn headless_service_has_no_cluster_ips_and_named_target_ports_stay_named() {
         let Object::Service(svc) = object(
             "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: n}\nspec:\n  clusterIP: None\n  ports: [{port: 80, targetPort: http, protocol: UDP}]\n",
