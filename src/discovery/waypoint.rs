@@ -205,6 +205,30 @@ pub enum BindError {
     UnsupportedTrafficType(Key, Bind),
 }
 
+/// The waypoint side of a workload (Pod, WorkloadEntry, ServiceEntry endpoint), as istiod's
+/// `computeWaypoint`: an instance of a ready waypoint (its [`GATEWAY_NAME_LABEL`] names a
+/// waypoint of its own namespace) uses none and carries that waypoint's inbound binding as its
+/// application tunnel; any other workload binds per [`binding`], with no application tunnel.
+pub fn workload_binding(
+    store: &Store,
+    namespace: &str,
+    labels: &Labels,
+    reads: &mut Vec<Key>,
+) -> (Binding, Option<ApplicationTunnel>) {
+    if let Some(gateway) = labels.get(GATEWAY_NAME_LABEL) {
+        let key = (namespace.to_string(), gateway.to_string());
+        let instance = store.waypoints.get(&key).map(|w| w.binding);
+        reads.push(key);
+        if let Some(binding) = instance {
+            return (Binding::Unbound, binding);
+        }
+    }
+    (
+        binding(store, namespace, labels, Bind::Workload, reads),
+        None,
+    )
+}
+
 /// [`resolve`], keeping the reason a requested waypoint was not used.
 pub fn binding(
     store: &Store,

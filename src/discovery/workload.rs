@@ -6,7 +6,7 @@ use crate::discovery::model::{Labels, Pod};
 use crate::discovery::names::{ip_bytes, pod_uid};
 use crate::discovery::policies;
 use crate::discovery::store::{Key, Store};
-use crate::discovery::waypoint::{self, Bind, GATEWAY_NAME_LABEL};
+use crate::discovery::waypoint;
 use crate::pb::workload::{
     Locality, NetworkMode, TunnelProtocol, Workload, WorkloadStatus, WorkloadType,
 };
@@ -35,21 +35,9 @@ pub fn build(
         tunnel_protocol(pod.labels(), pod.annotation(REDIRECTION_ANNOTATION));
     let healthy = pod.ready() && !pod.terminating();
     // A waypoint's own pods never use a waypoint; they may carry its inbound binding.
-    let instance_of = pod
-        .labels()
-        .get(GATEWAY_NAME_LABEL)
-        .map(|gateway| (pod.namespace().to_string(), gateway.to_string()));
-    if let Some(key) = &instance_of {
-        reads.push(key.clone());
-    }
-    let instance = instance_of.as_ref().and_then(|k| store.waypoints.get(k));
-    let (waypoint, application_tunnel) = match instance {
-        Some(instance) => (None, instance.binding),
-        None => (
-            waypoint::resolve(store, pod.namespace(), pod.labels(), Bind::Workload, reads),
-            None,
-        ),
-    };
+    let (binding, application_tunnel) =
+        waypoint::workload_binding(store, pod.namespace(), pod.labels(), reads);
+    let waypoint = binding.into_address();
     Some(Workload {
         uid: pod_uid(&settings.cluster_id, pod.namespace(), pod.name()),
         name: pod.name().to_string(),
