@@ -16,8 +16,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ambientd::discovery::authorization::{PolicyAction, PolicyRule, PolicyStatus, Source};
 use ambientd::discovery::model::{
-    AllowedNamespaces, AuthorizationPolicy, Endpoint, Gateway, Kind, Labels, Listener, ObjectRef,
-    PeerAuthentication, PodFields, Resolution, Service, ServiceEntry, SliceEndpoint,
+    AllowedNamespaces, AuthorizationPolicy, Endpoint, Gateway, Kind, Labels, Listener,
+    NamespaceSelector, ObjectRef, PeerAuthentication, PodFields, Resolution, Service, ServiceEntry,
+    SliceEndpoint,
 };
 use ambientd::discovery::peer_authentication::MtlsMode;
 use ambientd::discovery::snapshot::Names;
@@ -307,7 +308,9 @@ fn gateway_object() -> impl Strategy<Value = Object> {
                     protocol: "HBONE".into(),
                     allowed: Some(match allowed {
                         "all" => AllowedNamespaces::All,
-                        _ => AllowedNamespaces::Selector(labels(&[("team", "x")])),
+                        _ => AllowedNamespaces::Selector(NamespaceSelector::labels(labels(&[(
+                            "team", "x",
+                        )]))),
                     }),
                 })
                 .into_iter()

@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use crate::discovery::model::{AllowedNamespaces, Gateway, GatewayClass, Labels, selects};
+use crate::discovery::model::{AllowedNamespaces, Gateway, GatewayClass, Labels};
 use crate::discovery::names::ip_bytes;
 use crate::discovery::store::{Key, Store};
 use crate::pb::workload::{
@@ -138,8 +138,9 @@ impl Waypoint {
         match &self.allowed {
             AllowedNamespaces::All => true,
             AllowedNamespaces::Same => waypoint_namespace == namespace,
+            // An unknown namespace has no labels, as istiod reads it.
             AllowedNamespaces::Selector(selector) => {
-                selector.is_empty() || labels.is_some_and(|l| selects(selector, l))
+                selector.matches(labels.unwrap_or(&Labels::new()))
             }
         }
     }
@@ -335,6 +336,65 @@ mod tests {
             ..Default::default()
         };
         Waypoint::from_gateway(&gw, Some(&class), "").expect("ready")
+    }
+
+    #[test]
+    fn selector_admits_per_label_selector_as_selector() {
+        use crate::discovery::model::{LabelOperator, LabelRequirement, NamespaceSelector};
+        let requirement = |key: &str, operator, values: &[&str]| LabelRequirement {
+            key: key.into(),
+            operator,
+            values: values.iter().map(|v| v.to_string()).collect(),
+        };
+        let with = |expressions| NamespaceSelector::Match {
+            labels: Labels::new(),
+            expressions,
+        };
+        let team_x = Labels::from([("team", "x")]);
+        let team_y = Labels::from([("team", "y")]);
+        let none = Labels::new();
+        // (selector, admits team=x, team=y, no labels)
+        let table = [
+            (NamespaceSelector::Nothing, [false, false, false]),
+            (NamespaceSelector::labels(Labels::new()), [true, true, true]),
+            (
+                NamespaceSelector::labels(team_x.clone()),
+                [true, false, false],
+            ),
+            (
+                with(vec![requirement("team", LabelOperator::In, &["x", "z"])]),
+                [true, false, false],
+            ),
+            (
+                with(vec![requirement("team", LabelOperator::NotIn, &["x"])]),
+                [false, true, true],
+            ),
+            (
+                with(vec![requirement("team", LabelOperator::Exists, &[])]),
+                [true, true, false],
+            ),
+            (
+                with(vec![requirement("team", LabelOperator::DoesNotExist, &[])]),
+                [false, false, true],
+            ),
+            (
+                NamespaceSelector::Match {
+                    labels: team_x.clone(),
+                    expressions: vec![requirement("team", LabelOperator::NotIn, &["x"])],
+                },
+                [false, false, false],
+            ),
+        ];
+        for (selector, want) in table {
+            let wp = Waypoint {
+                allowed: AllowedNamespaces::Selector(selector.clone()),
+                ..ready(Labels::new(), Labels::new())
+            };
+            let got = [&team_x, &team_y, &none].map(|l| wp.admits("demo", "other", Some(l)));
+            assert_eq!(got, want, "{selector:?}");
+            // A namespace we do not know has no labels.
+            assert_eq!(wp.admits("demo", "other", None), want[2], "{selector:?}");
+        }
     }
 
     #[test]

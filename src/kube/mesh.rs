@@ -12,8 +12,9 @@ use tracing::warn;
 
 use crate::discovery::authorization::REVISION_LABEL;
 use crate::discovery::model::{
-    AllowedNamespaces, Endpoint, EndpointSlice, Gateway, GatewayClass, Labels, Listener, Object,
-    Resolution, ServiceEntry, ServiceEntryPort, SliceEndpoint, SlicePort, TargetRef, WorkloadEntry,
+    AllowedNamespaces, Endpoint, EndpointSlice, Gateway, GatewayClass, LabelOperator,
+    LabelRequirement, Labels, Listener, NamespaceSelector, Object, Resolution, ServiceEntry,
+    ServiceEntryPort, SliceEndpoint, SlicePort, TargetRef, WorkloadEntry,
 };
 use crate::kube::objects::{RawMeta, parse, parse_ip, port_number, protocol, string_map};
 
@@ -363,6 +364,65 @@ struct RawRouteNamespaces {
 struct RawLabelSelector {
     #[serde(deserialize_with = "string_map")]
     match_labels: Labels,
+    match_expressions: Vec<RawLabelRequirement>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawLabelRequirement {
+    key: String,
+    operator: String,
+    values: Vec<String>,
+}
+
+/// `metav1.LabelSelectorAsSelector`: no selector selects nothing, `{}` everything. A selector
+/// Go rejects (unknown operator, values missing for In/NotIn or present for
+/// Exists/DoesNotExist) is logged and selects nothing.
+fn namespace_selector(raw: Option<&RawLabelSelector>, field: &str) -> NamespaceSelector {
+    let Some(raw) = raw else {
+        return NamespaceSelector::Nothing;
+    };
+    let expressions = raw
+        .match_expressions
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let operator = match e.operator.as_str() {
+                "In" => LabelOperator::In,
+                "NotIn" => LabelOperator::NotIn,
+                "Exists" => LabelOperator::Exists,
+                "DoesNotExist" => LabelOperator::DoesNotExist,
+                other => {
+                    return Err(format!(
+                        "{field}.matchExpressions[{i}]: unknown operator {other:?}"
+                    ));
+                }
+            };
+            let needs_values = matches!(operator, LabelOperator::In | LabelOperator::NotIn);
+            if needs_values == e.values.is_empty() {
+                return Err(format!(
+                    "{field}.matchExpressions[{i}]: values must be {} for {:?}",
+                    if needs_values { "non-empty" } else { "empty" },
+                    e.operator
+                ));
+            }
+            Ok(LabelRequirement {
+                key: e.key.clone(),
+                operator,
+                values: e.values.clone(),
+            })
+        })
+        .collect::<Result<Vec<_>, String>>();
+    match expressions {
+        Ok(expressions) => NamespaceSelector::Match {
+            labels: raw.match_labels.clone(),
+            expressions,
+        },
+        Err(error) => {
+            warn!(%error, "invalid namespace selector: it admits no namespace");
+            NamespaceSelector::Nothing
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -387,21 +447,19 @@ pub(crate) fn gateway(value: &Value) -> Result<Object, String> {
         .iter()
         .enumerate()
         .map(|(i, l)| {
-            let allowed = match l.allowed_routes.as_ref().and_then(|r| r.namespaces.as_ref()) {
-                None => None,
-                Some(ns) => Some(match ns.from.as_deref().unwrap_or("Same") {
-                    "Same" => AllowedNamespaces::Same,
-                    "All" => AllowedNamespaces::All,
-                    "Selector" => AllowedNamespaces::Selector(
-                        ns.selector.as_ref().map(|s| s.match_labels.clone()).unwrap_or_default(),
-                    ),
-                    other => {
-                        return Err(format!(
-                            "spec.listeners[{i}].allowedRoutes.namespaces.from: unknown value {other:?}"
-                        ));
-                    }
-                }),
-            };
+            // An unknown `from` value is Same, as in istiod's switch.
+            let allowed = l
+                .allowed_routes
+                .as_ref()
+                .and_then(|r| r.namespaces.as_ref())
+                .map(|ns| match ns.from.as_deref() {
+                    Some("All") => AllowedNamespaces::All,
+                    Some("Selector") => AllowedNamespaces::Selector(namespace_selector(
+                        ns.selector.as_ref(),
+                        &format!("spec.listeners[{i}].allowedRoutes.namespaces.selector"),
+                    )),
+                    _ => AllowedNamespaces::Same,
+                });
             Ok(Listener {
                 name: l.name.clone(),
                 port: port_number(l.port, &format!("spec.listeners[{i}].port"))?,

@@ -756,6 +756,55 @@ mod tests {
     }
 
     #[test]
+    fn gateway_allowed_routes_read_as_istiod_does() {
+        use crate::discovery::model::{AllowedNamespaces, LabelOperator, NamespaceSelector};
+        let allowed = |namespaces: &str| {
+            let Object::Gateway(gw) = object(&format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: wp, namespace: n}}\nspec:\n  listeners: [{{name: mesh, port: 15008, protocol: HBONE, allowedRoutes: {{namespaces: {namespaces}}}}}]\n"
+            )) else {
+                panic!("not a gateway")
+            };
+            gw.listeners[0].allowed.clone().expect("namespaces set")
+        };
+        // An unknown `from` is Same; it no longer invalidates the Gateway.
+        assert_eq!(allowed("{from: Bogus}"), AllowedNamespaces::Same);
+        assert_eq!(allowed("{}"), AllowedNamespaces::Same);
+        // No selector selects nothing; `{}` everything.
+        assert_eq!(
+            allowed("{from: Selector}"),
+            AllowedNamespaces::Selector(NamespaceSelector::Nothing)
+        );
+        assert_eq!(
+            allowed("{from: Selector, selector: {}}"),
+            AllowedNamespaces::Selector(NamespaceSelector::labels(Labels::new()))
+        );
+        let AllowedNamespaces::Selector(NamespaceSelector::Match {
+            labels,
+            expressions,
+        }) = allowed(
+            "{from: Selector, selector: {matchLabels: {a: b}, matchExpressions: [{key: team, operator: NotIn, values: [x]}]}}",
+        )
+        else {
+            panic!("a selector")
+        };
+        assert_eq!(labels.get("a"), Some("b"));
+        assert_eq!(expressions[0].operator, LabelOperator::NotIn);
+        assert_eq!(expressions[0].values, vec!["x".to_string()]);
+        // Selectors Go rejects select nothing.
+        for rejected in [
+            "{matchExpressions: [{key: team, operator: Matches, values: [x]}]}",
+            "{matchExpressions: [{key: team, operator: In}]}",
+            "{matchExpressions: [{key: team, operator: Exists, values: [x]}]}",
+        ] {
+            assert_eq!(
+                allowed(&format!("{{from: Selector, selector: {rejected}}}")),
+                AllowedNamespaces::Selector(NamespaceSelector::Nothing),
+                "{rejected}"
+            );
+        }
+    }
+
+    #[test]
     fn headless_service_has_no_cluster_ips_and_named_target_ports_stay_named() {
         let Object::Service(svc) = object(
             "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: n}\nspec:\n  clusterIP: None\n  ports: [{port: 80, targetPort: http, protocol: UDP}]\n",
