@@ -105,12 +105,13 @@ fn tunnel_protocol_from_redirection_annotation_and_tunnel_label() {
         (&[(TUNNEL, "http")], &[], TunnelProtocol::Hbone, true),
         (&[(TUNNEL, "foo,http")], &[], TunnelProtocol::Hbone, true),
         (&[(TUNNEL, "http2")], &[], TunnelProtocol::None, false),
-        // The annotation is checked first: HBONE without native_tunnel.
+        // Both steps apply in order (istiod's setTunnelProtocol): the label still sets
+        // native_tunnel on a redirected pod.
         (
             &[(TUNNEL, "http")],
             &[(REDIRECTION, "enabled")],
             TunnelProtocol::Hbone,
-            false,
+            true,
         ),
         // istiod never reads the dataplane-mode label when building WDS.
         (

@@ -16,8 +16,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ambientd::discovery::authorization::{PolicyAction, PolicyRule, PolicyStatus, Source};
 use ambientd::discovery::model::{
-    AllowedNamespaces, AuthorizationPolicy, Endpoint, Gateway, Kind, Labels, Listener, ObjectRef,
-    PeerAuthentication, PodFields, Resolution, Service, ServiceEntry, SliceEndpoint,
+    AllowedNamespaces, AuthorizationPolicy, Endpoint, Gateway, Kind, Labels, Listener,
+    NamespaceSelector, ObjectRef, PeerAuthentication, PodFields, Resolution, Service, ServiceEntry,
+    SliceEndpoint,
 };
 use ambientd::discovery::peer_authentication::MtlsMode;
 use ambientd::discovery::snapshot::Names;
@@ -234,6 +235,7 @@ fn workload_entry_object() -> impl Strategy<Value = Object> {
             labels.extend_from(&revision);
             let mut we = workload_entry(&ns, name, address, &[]);
             we.labels = labels;
+            we.revision = revision.get("istio.io/rev").map(str::to_string);
             we.endpoint.ports = [("web".to_string(), 9000)].into();
             we.endpoint.network = network.unwrap_or_default().into();
             Object::WorkloadEntry(we)
@@ -306,7 +308,9 @@ fn gateway_object() -> impl Strategy<Value = Object> {
                     protocol: "HBONE".into(),
                     allowed: Some(match allowed {
                         "all" => AllowedNamespaces::All,
-                        _ => AllowedNamespaces::Selector(labels(&[("team", "x")])),
+                        _ => AllowedNamespaces::Selector(NamespaceSelector::labels(labels(&[(
+                            "team", "x",
+                        )]))),
                     }),
                 })
                 .into_iter()

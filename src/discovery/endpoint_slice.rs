@@ -14,7 +14,8 @@ pub fn slice_uid(cluster_id: &str, namespace: &str, slice: &str, address: &str) 
     format!("{cluster_id}/discovery.k8s.io/EndpointSlice/{namespace}/{slice}/{address}")
 }
 
-/// The workloads of a slice labelled for an existing Service, by uid.
+/// The workloads of a slice labelled for an existing Service, by uid. An ExternalName Service
+/// publishes no Service (§1.2), so istiod finds none for its slices and builds nothing.
 pub fn build(
     settings: &Settings,
     store: &Store,
@@ -30,6 +31,7 @@ pub fn build(
     let Some(svc) = store
         .services
         .get(&(slice.namespace.clone(), service_name.clone()))
+        .filter(|svc| !svc.external_name)
     else {
         return out;
     };
@@ -77,6 +79,7 @@ pub fn build(
             namespace: slice.namespace.clone(),
             addresses: endpoint.addresses.iter().map(ip_bytes).collect(),
             network: store.network(settings).to_string(),
+            trust_domain: settings.wire_trust_domain().to_string(),
             network_mode: NetworkMode::HostNetwork as i32,
             status: if endpoint.ready == Some(false) {
                 WorkloadStatus::Unhealthy
@@ -96,4 +99,59 @@ pub fn build(
         out.insert(uid, workload);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discovery::model::{Labels, Object, Service, SliceEndpoint};
+
+    fn slice() -> EndpointSlice {
+        EndpointSlice {
+            name: "web-abc".into(),
+            namespace: "demo".into(),
+            service_name: Some("web".into()),
+            endpoints: vec![SliceEndpoint {
+                addresses: vec!["10.1.0.1".parse().unwrap()],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn store_with(settings: &Settings, external_name: bool) -> Store {
+        let mut store = Store::default();
+        let svc = Service {
+            name: "web".into(),
+            namespace: "demo".into(),
+            external_name,
+            selector: Labels::new(),
+            ..Default::default()
+        };
+        store.insert(Object::Service(svc), settings);
+        store
+    }
+
+    #[test]
+    fn slice_workloads_carry_the_wire_trust_domain() {
+        for (trust_domain, want) in [("cluster.local", ""), ("example.org", "example.org")] {
+            let settings = Settings {
+                trust_domain: trust_domain.into(),
+                ..Settings::default()
+            };
+            let store = store_with(&settings, false);
+            let built = build(&settings, &store, &slice());
+            let workload = built.values().next().expect("one workload");
+            assert_eq!(workload.trust_domain, want, "trust domain {trust_domain}");
+        }
+    }
+
+    #[test]
+    fn slices_of_an_external_name_service_build_nothing() {
+        let settings = Settings::default();
+        let store = store_with(&settings, true);
+        assert!(build(&settings, &store, &slice()).is_empty());
+        let store = store_with(&settings, false);
+        assert_eq!(build(&settings, &store, &slice()).len(), 1);
+    }
 }

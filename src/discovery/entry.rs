@@ -9,7 +9,7 @@ use crate::discovery::model::{Endpoint, Labels, Resolution, ServiceEntry, Worklo
 use crate::discovery::names::ip_bytes;
 use crate::discovery::policies;
 use crate::discovery::store::{Key, Store};
-use crate::discovery::waypoint::{self, Bind};
+use crate::discovery::waypoint;
 use crate::discovery::workload::{
     REDIRECTION_ANNOTATION, canonical_name, canonical_revision, parse_locality, tunnel_protocol,
 };
@@ -75,6 +75,9 @@ pub fn workload_entry(
         labels: &we.labels,
         ports: &we.endpoint.ports,
     };
+    // Exactly like a pod: a waypoint's own entry uses none and carries its inbound binding.
+    let (binding, application_tunnel) =
+        waypoint::workload_binding(store, &we.namespace, &we.labels, reads);
     Workload {
         uid: workload_entry_uid(&settings.cluster_id, &we.namespace, &we.name),
         name: we.name.clone(),
@@ -84,7 +87,8 @@ pub fn workload_entry(
         workload_name,
         tunnel_protocol: tunnel as i32,
         native_tunnel,
-        waypoint: waypoint::resolve(store, &we.namespace, &we.labels, Bind::Workload, reads),
+        waypoint: binding.into_address(),
+        application_tunnel,
         services: membership::services_map(settings, store, &we.namespace, member),
         authorization_policies: policies::workload_policies(
             settings,
@@ -135,14 +139,12 @@ pub fn service_entry_workloads(
                 continue;
             }
             let mut workload = base(endpoint, &endpoint.address, services);
-            // The waypoint is that of a synthetic object with the endpoint's labels.
-            workload.waypoint = waypoint::resolve(
-                store,
-                &se.namespace,
-                &endpoint.labels,
-                Bind::Workload,
-                reads,
-            );
+            // The waypoint is that of a synthetic object with the endpoint's labels, computed
+            // as for a pod (an instance of a waypoint uses none).
+            let (binding, application_tunnel) =
+                waypoint::workload_binding(store, &se.namespace, &endpoint.labels, reads);
+            workload.waypoint = binding.into_address();
+            workload.application_tunnel = application_tunnel;
             out.entry(workload.uid.clone()).or_insert(workload);
         }
         return out;
@@ -173,4 +175,121 @@ pub fn service_entry_workloads(
         out.insert(workload.uid.clone(), workload);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discovery::model::{Gateway, GatewayClass, Namespace, Object};
+    use crate::discovery::waypoint::{GATEWAY_NAME_LABEL, INBOUND_BINDING, USE_WAYPOINT, Waypoint};
+    use crate::pb::workload::{ApplicationTunnel, application_tunnel::Protocol};
+
+    /// A store with the ready waypoint `demo/wp` (taking all traffic, inbound binding
+    /// `PROXY/15088`) that namespace `demo` uses.
+    fn store(settings: &Settings) -> Store {
+        let mut store = Store::default();
+        let namespace = Namespace {
+            name: "demo".into(),
+            labels: Labels::from([(USE_WAYPOINT, "wp")]),
+            ..Default::default()
+        };
+        store.insert(Object::Namespace(namespace), settings);
+        let gw = Gateway {
+            name: "wp".into(),
+            namespace: "demo".into(),
+            labels: Labels::from([("istio.io/waypoint-for", "all")]),
+            annotations: Labels::from([(INBOUND_BINDING, "PROXY/15088")]),
+            addresses: vec![("IPAddress".into(), "10.9.0.1".into())],
+            ..Default::default()
+        };
+        let waypoint = Waypoint::from_gateway(&gw, None::<&GatewayClass>, "").expect("ready");
+        store
+            .waypoints
+            .insert(("demo".into(), "wp".into()), waypoint);
+        store
+    }
+
+    fn proxy_tunnel() -> Option<ApplicationTunnel> {
+        Some(ApplicationTunnel {
+            protocol: Protocol::Proxy as i32,
+            port: 15088,
+        })
+    }
+
+    fn entry(labels: Labels) -> WorkloadEntry {
+        WorkloadEntry {
+            name: "vm".into(),
+            namespace: "demo".into(),
+            labels,
+            endpoint: Endpoint {
+                address: "10.5.0.1".into(),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn workload_entry_that_is_a_waypoint_instance_is_handled_like_a_pod() {
+        let settings = Settings::default();
+        let store = store(&settings);
+        let instance = entry(Labels::from([(GATEWAY_NAME_LABEL, "wp")]));
+        let w = workload_entry(&settings, &store, &instance, &mut Vec::new());
+        assert_eq!(w.waypoint, None, "a waypoint's own entry uses none");
+        assert_eq!(w.application_tunnel, proxy_tunnel());
+        let bound = |labels: &Labels| {
+            crate::discovery::status::workload_waypoint_bound(
+                &store,
+                "demo",
+                labels,
+                &mut Vec::new(),
+            )
+        };
+        assert_eq!(
+            bound(&instance.labels),
+            None,
+            "an instance gets no WaypointBound"
+        );
+        assert!(bound(&Labels::new()).is_some());
+        // Any other entry of the namespace binds to it, without an application tunnel.
+        let w = workload_entry(&settings, &store, &entry(Labels::new()), &mut Vec::new());
+        assert!(w.waypoint.is_some());
+        assert_eq!(w.application_tunnel, None);
+        // Naming a gateway that is not a ready waypoint is no instance: the binding stands.
+        let other = entry(Labels::from([(GATEWAY_NAME_LABEL, "other")]));
+        let w = workload_entry(&settings, &store, &other, &mut Vec::new());
+        assert!(w.waypoint.is_some());
+        assert_eq!(w.application_tunnel, None);
+    }
+
+    #[test]
+    fn service_entry_endpoint_that_is_a_waypoint_instance_is_handled_like_a_pod() {
+        let settings = Settings::default();
+        let mut store = store(&settings);
+        let endpoint = |address: &str, labels: Labels| Endpoint {
+            address: address.into(),
+            labels,
+            ..Default::default()
+        };
+        let se = ServiceEntry {
+            name: "se".into(),
+            namespace: "demo".into(),
+            hosts: vec!["a.example.com".into()],
+            resolution: Resolution::Static,
+            endpoints: vec![
+                endpoint("10.5.0.1", Labels::from([(GATEWAY_NAME_LABEL, "wp")])),
+                endpoint("10.5.0.2", Labels::new()),
+            ],
+            ..Default::default()
+        };
+        store.insert(Object::ServiceEntry(se.clone()), &settings);
+        let built = service_entry_workloads(&settings, &store, &se, &mut Vec::new());
+        let uid = |address| service_entry_uid("Kubernetes", "demo", "se", address);
+        let instance = &built[&uid("10.5.0.1")];
+        assert_eq!(instance.waypoint, None);
+        assert_eq!(instance.application_tunnel, proxy_tunnel());
+        let other = &built[&uid("10.5.0.2")];
+        assert!(other.waypoint.is_some());
+        assert_eq!(other.application_tunnel, None);
+    }
 }

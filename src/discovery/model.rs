@@ -225,6 +225,8 @@ pub struct EndpointSlice {
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SliceEndpoint {
+    /// Empty for an FQDN slice, and when any address is not an IP (istiod skips such an
+    /// endpoint, not the slice).
     pub addresses: Vec<IpAddr>,
     /// `conditions.ready`; unset counts as ready.
     pub ready: Option<bool>,
@@ -312,6 +314,9 @@ pub struct WorkloadEntry {
     pub labels: Labels,
     pub annotations: Labels,
     pub endpoint: Endpoint,
+    /// `metadata.labels["istio.io/rev"]`: istiod's revision filter reads the object's own
+    /// labels, never `spec.labels`.
+    pub revision: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -324,11 +329,80 @@ pub struct GatewayClass {
 /// Which namespaces a listener admits routes (and waypoint bindings) from.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub enum AllowedNamespaces {
+    /// Also what an unknown `from` value means (istiod's default case).
     #[default]
     Same,
     All,
-    /// Namespaces whose labels match (`matchLabels`).
-    Selector(Labels),
+    /// Namespaces whose labels match the selector.
+    Selector(NamespaceSelector),
+}
+
+/// A `metav1.LabelSelector` as Go's `LabelSelectorAsSelector` reads it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum NamespaceSelector {
+    /// No selector (`labels.Nothing()`), or one Go rejects (an unknown operator, `In`/`NotIn`
+    /// without values, `Exists`/`DoesNotExist` with some): admits no namespace.
+    #[default]
+    Nothing,
+    /// `matchLabels` and `matchExpressions`, all required; both empty (`{}`) admits every
+    /// namespace.
+    Match {
+        labels: Labels,
+        expressions: Vec<LabelRequirement>,
+    },
+}
+
+impl NamespaceSelector {
+    /// A selector of `matchLabels` only.
+    pub fn labels(labels: Labels) -> Self {
+        NamespaceSelector::Match {
+            labels,
+            expressions: Vec::new(),
+        }
+    }
+
+    pub fn matches(&self, labels: &Labels) -> bool {
+        match self {
+            NamespaceSelector::Nothing => false,
+            NamespaceSelector::Match {
+                labels: wanted,
+                expressions,
+            } => {
+                wanted.iter().all(|(k, v)| labels.get(k) == Some(v))
+                    && expressions.iter().all(|e| e.matches(labels))
+            }
+        }
+    }
+}
+
+/// One `matchExpressions` entry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LabelRequirement {
+    pub key: String,
+    pub operator: LabelOperator,
+    pub values: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LabelOperator {
+    In,
+    NotIn,
+    Exists,
+    DoesNotExist,
+}
+
+impl LabelRequirement {
+    pub fn matches(&self, labels: &Labels) -> bool {
+        let value = labels.get(&self.key);
+        let listed = value.is_some_and(|v| self.values.iter().any(|w| w == v));
+        match self.operator {
+            LabelOperator::In => listed,
+            // An absent label is not in the set.
+            LabelOperator::NotIn => !listed,
+            LabelOperator::Exists => value.is_some(),
+            LabelOperator::DoesNotExist => value.is_none(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -50,7 +50,7 @@ pub fn build(
         .collect();
     let auto_allocate = se.addresses.is_empty()
         && se.resolution != Resolution::None
-        && se.labels.get(AUTOALLOCATE_LABEL) != Some("false");
+        && !se.labels.get(AUTOALLOCATE_LABEL).is_some_and(is_false);
     se.hosts
         .iter()
         .filter(|host| wins(store, se, host))
@@ -88,6 +88,21 @@ pub fn build(
             }
         })
         .collect()
+}
+
+/// Go's `strings.EqualFold(value, "false")`, which istiod uses for the auto-allocation opt-out:
+/// ASCII case-insensitive, and `ſ` (U+017F), whose simple case folding is `s`, counts as `s`.
+fn is_false(value: &str) -> bool {
+    value
+        .chars()
+        .map(|c| {
+            if c == '\u{17f}' {
+                's'
+            } else {
+                c.to_ascii_lowercase()
+            }
+        })
+        .eq("false".chars())
 }
 
 /// `spec.addresses`: a plain IP has no length; a CIDR is masked to its network address with
@@ -179,6 +194,41 @@ mod tests {
         assert_eq!(shown[2].1, Some(64));
         assert_eq!(&shown[2].0[..8], &[0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0]);
         assert_eq!(shown[3], (vec![1, 2, 3, 4], None));
+    }
+
+    #[test]
+    fn auto_allocation_opt_out_is_case_insensitive() {
+        use crate::discovery::model::{Labels, Object};
+        let settings = Settings::default();
+        let addresses = |opt_out: Option<&str>| {
+            let se = ServiceEntry {
+                name: "se".into(),
+                namespace: "demo".into(),
+                hosts: vec!["a.example.com".into()],
+                resolution: Resolution::Dns,
+                labels: opt_out
+                    .map(|v| Labels::from([(AUTOALLOCATE_LABEL, v)]))
+                    .unwrap_or_default(),
+                allocated: vec![("a.example.com".into(), "240.240.0.1".parse().unwrap())],
+                ..Default::default()
+            };
+            let mut store = Store::default();
+            store.insert(Object::ServiceEntry(se.clone()), &settings);
+            let services = build(&settings, &store, &se, &mut Vec::new());
+            assert_eq!(services.len(), 1);
+            services[0].addresses.len()
+        };
+        assert_eq!(addresses(None), 1);
+        assert_eq!(addresses(Some("true")), 1);
+        assert_eq!(addresses(Some("false")), 0);
+        assert_eq!(addresses(Some("False")), 0, "strings.EqualFold");
+        assert_eq!(addresses(Some("FALSE")), 0, "strings.EqualFold");
+        for value in ["false", "False", "FALSE", "fAlSe", "fal\u{17f}e"] {
+            assert!(is_false(value), "{value:?}");
+        }
+        for value in ["", "true", "no", "0", "false ", "falsee", "fals"] {
+            assert!(!is_false(value), "{value:?}");
+        }
     }
 
     #[test]

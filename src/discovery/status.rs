@@ -126,7 +126,7 @@ pub fn workload_waypoint_bound(
     labels: &Labels,
     reads: &mut Vec<Key>,
 ) -> Option<StatusCondition> {
-    let binding = waypoint::binding(store, namespace, labels, Bind::Workload, reads);
+    let (binding, _) = waypoint::workload_binding(store, namespace, labels, reads);
     waypoint_bound(&binding, None)
 }
 

@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use crate::discovery::model::{AllowedNamespaces, Gateway, GatewayClass, Labels, selects};
+use crate::discovery::model::{AllowedNamespaces, Gateway, GatewayClass, Labels};
 use crate::discovery::names::ip_bytes;
 use crate::discovery::store::{Key, Store};
 use crate::pb::workload::{
@@ -30,13 +30,14 @@ pub enum TrafficType {
 }
 
 impl TrafficType {
-    fn parse(value: &str) -> Option<Self> {
+    /// istiod keeps the label's text as the traffic type and binds only on `service`,
+    /// `workload` or `all`: any other value (a typo, an empty string) takes nothing, like `none`.
+    fn parse(value: &str) -> Self {
         match value {
-            "service" => Some(TrafficType::Service),
-            "workload" => Some(TrafficType::Workload),
-            "all" => Some(TrafficType::All),
-            "none" => Some(TrafficType::None),
-            _ => None,
+            "service" => TrafficType::Service,
+            "workload" => TrafficType::Workload,
+            "all" => TrafficType::All,
+            _ => TrafficType::None,
         }
     }
 
@@ -93,8 +94,7 @@ impl Waypoint {
             .labels
             .get(WAYPOINT_FOR)
             .or_else(|| class.and_then(|c| c.labels.get(WAYPOINT_FOR)))
-            .and_then(TrafficType::parse)
-            .unwrap_or(TrafficType::Service);
+            .map_or(TrafficType::Service, TrafficType::parse);
         let binding_text = gw
             .annotations
             .get(INBOUND_BINDING)
@@ -138,8 +138,9 @@ impl Waypoint {
         match &self.allowed {
             AllowedNamespaces::All => true,
             AllowedNamespaces::Same => waypoint_namespace == namespace,
+            // An unknown namespace has no labels, as istiod reads it.
             AllowedNamespaces::Selector(selector) => {
-                selector.is_empty() || labels.is_some_and(|l| selects(selector, l))
+                selector.matches(labels.unwrap_or(&Labels::new()))
             }
         }
     }
@@ -203,6 +204,30 @@ pub enum BindError {
     AttachmentDenied(Key),
     /// The waypoint does not take this kind of traffic (`istio.io/waypoint-for`).
     UnsupportedTrafficType(Key, Bind),
+}
+
+/// The waypoint side of a workload (Pod, WorkloadEntry, ServiceEntry endpoint), as istiod's
+/// `computeWaypoint`: an instance of a ready waypoint (its [`GATEWAY_NAME_LABEL`] names a
+/// waypoint of its own namespace) uses none and carries that waypoint's inbound binding as its
+/// application tunnel; any other workload binds per [`binding`], with no application tunnel.
+pub fn workload_binding(
+    store: &Store,
+    namespace: &str,
+    labels: &Labels,
+    reads: &mut Vec<Key>,
+) -> (Binding, Option<ApplicationTunnel>) {
+    if let Some(gateway) = labels.get(GATEWAY_NAME_LABEL) {
+        let key = (namespace.to_string(), gateway.to_string());
+        let instance = store.waypoints.get(&key).map(|w| w.binding);
+        reads.push(key);
+        if let Some(binding) = instance {
+            return (Binding::Unbound, binding);
+        }
+    }
+    (
+        binding(store, namespace, labels, Bind::Workload, reads),
+        None,
+    )
 }
 
 /// [`resolve`], keeping the reason a requested waypoint was not used.
@@ -291,4 +316,115 @@ pub fn never_uses_waypoint(labels: &Labels) -> bool {
     labels
         .get(MANAGED_LABEL)
         .is_some_and(|v| v == "istio.io-mesh-controller" || v == "istio.io-eastwest-controller")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ready(gateway_labels: Labels, class_labels: Labels) -> Waypoint {
+        let gw = Gateway {
+            name: "wp".into(),
+            namespace: "demo".into(),
+            labels: gateway_labels,
+            addresses: vec![("IPAddress".into(), "10.9.0.1".into())],
+            ..Default::default()
+        };
+        let class = GatewayClass {
+            name: "istio-waypoint".into(),
+            labels: class_labels,
+            ..Default::default()
+        };
+        Waypoint::from_gateway(&gw, Some(&class), "").expect("ready")
+    }
+
+    #[test]
+    fn selector_admits_per_label_selector_as_selector() {
+        use crate::discovery::model::{LabelOperator, LabelRequirement, NamespaceSelector};
+        let requirement = |key: &str, operator, values: &[&str]| LabelRequirement {
+            key: key.into(),
+            operator,
+            values: values.iter().map(|v| v.to_string()).collect(),
+        };
+        let with = |expressions| NamespaceSelector::Match {
+            labels: Labels::new(),
+            expressions,
+        };
+        let team_x = Labels::from([("team", "x")]);
+        let team_y = Labels::from([("team", "y")]);
+        let none = Labels::new();
+        // (selector, admits team=x, team=y, no labels)
+        let table = [
+            (NamespaceSelector::Nothing, [false, false, false]),
+            (NamespaceSelector::labels(Labels::new()), [true, true, true]),
+            (
+                NamespaceSelector::labels(team_x.clone()),
+                [true, false, false],
+            ),
+            (
+                with(vec![requirement("team", LabelOperator::In, &["x", "z"])]),
+                [true, false, false],
+            ),
+            (
+                with(vec![requirement("team", LabelOperator::NotIn, &["x"])]),
+                [false, true, true],
+            ),
+            (
+                with(vec![requirement("team", LabelOperator::Exists, &[])]),
+                [true, true, false],
+            ),
+            (
+                with(vec![requirement("team", LabelOperator::DoesNotExist, &[])]),
+                [false, false, true],
+            ),
+            (
+                NamespaceSelector::Match {
+                    labels: team_x.clone(),
+                    expressions: vec![requirement("team", LabelOperator::NotIn, &["x"])],
+                },
+                [false, false, false],
+            ),
+        ];
+        for (selector, want) in table {
+            let wp = Waypoint {
+                allowed: AllowedNamespaces::Selector(selector.clone()),
+                ..ready(Labels::new(), Labels::new())
+            };
+            let got = [&team_x, &team_y, &none].map(|l| wp.admits("demo", "other", Some(l)));
+            assert_eq!(got, want, "{selector:?}");
+            // A namespace we do not know has no labels.
+            assert_eq!(wp.admits("demo", "other", None), want[2], "{selector:?}");
+        }
+    }
+
+    #[test]
+    fn unknown_waypoint_for_value_binds_nothing() {
+        // (gateway label, class label, traffic type)
+        let table = [
+            (None, None, TrafficType::Service),
+            (None, Some("workload"), TrafficType::Workload),
+            (Some("all"), Some("workload"), TrafficType::All),
+            // istiod keeps the text: an unknown value is not the `service` default.
+            (Some("bogus"), None, TrafficType::None),
+            (None, Some("bogus"), TrafficType::None),
+            // The Gateway's own label wins, even when it is unknown or empty.
+            (Some("Service"), Some("service"), TrafficType::None),
+            (Some(""), Some("all"), TrafficType::None),
+        ];
+        for (on_gateway, on_class, want) in table {
+            let label = |v: Option<&str>| {
+                v.map(|v| Labels::from([(WAYPOINT_FOR, v)]))
+                    .unwrap_or_default()
+            };
+            let wp = ready(label(on_gateway), label(on_class));
+            assert_eq!(
+                wp.traffic, want,
+                "gateway={on_gateway:?} class={on_class:?}"
+            );
+            if want == TrafficType::None {
+                assert!(!wp.traffic.admits(Bind::Service));
+                assert!(!wp.traffic.admits(Bind::Workload));
+            }
+        }
+    }
 }

@@ -6,7 +6,7 @@ use crate::discovery::model::{Labels, Pod};
 use crate::discovery::names::{ip_bytes, pod_uid};
 use crate::discovery::policies;
 use crate::discovery::store::{Key, Store};
-use crate::discovery::waypoint::{self, Bind, GATEWAY_NAME_LABEL};
+use crate::discovery::waypoint;
 use crate::pb::workload::{
     Locality, NetworkMode, TunnelProtocol, Workload, WorkloadStatus, WorkloadType,
 };
@@ -35,21 +35,9 @@ pub fn build(
         tunnel_protocol(pod.labels(), pod.annotation(REDIRECTION_ANNOTATION));
     let healthy = pod.ready() && !pod.terminating();
     // A waypoint's own pods never use a waypoint; they may carry its inbound binding.
-    let instance_of = pod
-        .labels()
-        .get(GATEWAY_NAME_LABEL)
-        .map(|gateway| (pod.namespace().to_string(), gateway.to_string()));
-    if let Some(key) = &instance_of {
-        reads.push(key.clone());
-    }
-    let instance = instance_of.as_ref().and_then(|k| store.waypoints.get(k));
-    let (waypoint, application_tunnel) = match instance {
-        Some(instance) => (None, instance.binding),
-        None => (
-            waypoint::resolve(store, pod.namespace(), pod.labels(), Bind::Workload, reads),
-            None,
-        ),
-    };
+    let (binding, application_tunnel) =
+        waypoint::workload_binding(store, pod.namespace(), pod.labels(), reads);
+    let waypoint = binding.into_address();
     Some(Workload {
         uid: pod_uid(&settings.cluster_id, pod.namespace(), pod.name()),
         name: pod.name().to_string(),
@@ -102,17 +90,18 @@ pub fn workload_name(pod: &Pod) -> String {
     };
     let label = |key: &str| pod.labels().get(key).filter(|v| !v.is_empty());
     match owner.kind {
-        "ReplicaSet" => {
-            let hash = label("pod-template-hash").or_else(|| label("rollouts-pod-template-hash"));
-            match hash {
-                Some(hash) if owner.name.ends_with(hash) => owner
+        // A Deployment's hash, else an Argo Rollout's: each only if the name ends with it.
+        "ReplicaSet" => ["pod-template-hash", "rollouts-pod-template-hash"]
+            .into_iter()
+            .filter_map(label)
+            .find(|hash| owner.name.ends_with(hash))
+            .map_or(owner.name, |hash| {
+                owner
                     .name
                     .strip_suffix(&format!("-{hash}"))
                     .unwrap_or(owner.name)
-                    .to_string(),
-                _ => owner.name.to_string(),
-            }
-        }
+            })
+            .to_string(),
         "ReplicationController" => label("deploymentconfig").unwrap_or(owner.name).to_string(),
         "Job" => cron_job_name(owner.name).unwrap_or(owner.name).to_string(),
         _ => owner.name.to_string(),
@@ -163,20 +152,22 @@ pub fn canonical_revision(labels: &Labels) -> String {
     .unwrap_or_else(|| "latest".to_string())
 }
 
-/// HBONE when istio-cni marked the pod redirected (`redirection`, the value of the
-/// [`REDIRECTION_ANNOTATION`]), or when the tunnel label lists `http` (then
-/// also `native_tunnel`). Never LEGACY_ISTIO_MTLS: ztunnel rejects it, and istiod never sends it.
+/// istiod's `setTunnelProtocol`, both steps applied in order: HBONE when istio-cni marked the
+/// pod redirected (`redirection`, the value of the [`REDIRECTION_ANNOTATION`]); then HBONE with
+/// `native_tunnel` when the tunnel label lists `http`, whether or not the annotation is set.
+/// Never LEGACY_ISTIO_MTLS: ztunnel rejects it, and istiod never sends it.
 pub fn tunnel_protocol(labels: &Labels, redirection: Option<&str>) -> (TunnelProtocol, bool) {
+    let mut result = (TunnelProtocol::None, false);
     if redirection == Some("enabled") {
-        return (TunnelProtocol::Hbone, false);
+        result = (TunnelProtocol::Hbone, false);
     }
     if labels
         .get(TUNNEL_LABEL)
         .is_some_and(|v| v.split(',').any(|p| p == "http"))
     {
-        return (TunnelProtocol::Hbone, true);
+        result = (TunnelProtocol::Hbone, true);
     }
-    (TunnelProtocol::None, false)
+    result
 }
 
 /// Locality from the pod's Node labels; `None` when the node is unknown or has none of them.
@@ -191,15 +182,105 @@ fn node_locality(store: &Store, node_name: &str) -> Option<Locality> {
     (locality != Locality::default()).then_some(locality)
 }
 
-/// `region/zone/subzone` as written on a ServiceEntry endpoint or WorkloadEntry.
+/// `region/zone/subzone` as written on a ServiceEntry endpoint or WorkloadEntry, split as
+/// istiod's `SplitLocalityLabel` does: the first three `/`-separated items, anything after the
+/// third ignored. `None` when all three are empty (`""`, `"//"`), as `getWorkloadEntryLocality`.
 pub fn parse_locality(text: &str) -> Option<Locality> {
-    if text.is_empty() {
-        return None;
-    }
-    let mut parts = text.splitn(3, '/').map(str::to_string);
-    Some(Locality {
+    let mut parts = text.split('/').map(str::to_string);
+    let locality = Locality {
         region: parts.next().unwrap_or_default(),
         zone: parts.next().unwrap_or_default(),
         subzone: parts.next().unwrap_or_default(),
-    })
+    };
+    (locality != Locality::default()).then_some(locality)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replica_set_falls_back_to_the_rollout_hash_when_the_deployment_hash_is_no_suffix() {
+        use crate::discovery::pod::{Owner, PodFields};
+        // (pod labels, ReplicaSet name, workload name)
+        type Row = (
+            &'static [(&'static str, &'static str)],
+            &'static str,
+            &'static str,
+        );
+        let table: &[Row] = &[
+            (&[("pod-template-hash", "abc12")], "web-abc12", "web"),
+            (&[("rollouts-pod-template-hash", "r9")], "roll-r9", "roll"),
+            // pod-template-hash is present but not the owner's suffix: try the rollout hash.
+            (
+                &[
+                    ("pod-template-hash", "zzz"),
+                    ("rollouts-pod-template-hash", "r9"),
+                ],
+                "roll-r9",
+                "roll",
+            ),
+            (&[("pod-template-hash", "zzz")], "web-abc12", "web-abc12"),
+            // A suffix without the dash is kept, as strings.TrimSuffix(name, "-"+hash) does.
+            (&[("pod-template-hash", "abc12")], "webabc12", "webabc12"),
+        ];
+        for (pod_labels, owner, want) in table {
+            let pod = Pod::from(PodFields {
+                name: "p-1".into(),
+                namespace: "demo".into(),
+                generate_name: "p-".into(),
+                labels: pod_labels.iter().copied().collect(),
+                owner: Some(Owner {
+                    kind: "ReplicaSet".into(),
+                    name: owner.to_string(),
+                }),
+                ..Default::default()
+            });
+            assert_eq!(workload_name(&pod), *want, "{pod_labels:?} {owner}");
+        }
+    }
+
+    #[test]
+    fn locality_takes_the_first_three_items_and_none_when_all_are_empty() {
+        let locality = |region: &str, zone: &str, subzone: &str| Locality {
+            region: region.into(),
+            zone: zone.into(),
+            subzone: subzone.into(),
+        };
+        let table = [
+            ("", None),
+            ("//", None),
+            ("/", None),
+            ("a", Some(locality("a", "", ""))),
+            ("a/b", Some(locality("a", "b", ""))),
+            ("a/b/c", Some(locality("a", "b", "c"))),
+            // The third item, not the rest of the text.
+            ("a/b/c/d", Some(locality("a", "b", "c"))),
+            ("//c", Some(locality("", "", "c"))),
+        ];
+        for (text, want) in table {
+            assert_eq!(parse_locality(text), want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn tunnel_label_sets_native_tunnel_even_when_the_pod_is_redirected() {
+        let tunnel = Labels::from([(TUNNEL_LABEL, "http")]);
+        assert_eq!(
+            tunnel_protocol(&tunnel, Some("enabled")),
+            (TunnelProtocol::Hbone, true)
+        );
+        assert_eq!(
+            tunnel_protocol(&Labels::new(), Some("enabled")),
+            (TunnelProtocol::Hbone, false)
+        );
+        assert_eq!(
+            tunnel_protocol(&tunnel, Some("pending")),
+            (TunnelProtocol::Hbone, true)
+        );
+        assert_eq!(
+            tunnel_protocol(&Labels::new(), None),
+            (TunnelProtocol::None, false)
+        );
+    }
 }

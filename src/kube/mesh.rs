@@ -4,13 +4,17 @@
 //! and errors that name the field.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use serde::Deserialize;
 use serde_json::Value;
+use tracing::warn;
 
+use crate::discovery::authorization::REVISION_LABEL;
 use crate::discovery::model::{
-    AllowedNamespaces, Endpoint, EndpointSlice, Gateway, GatewayClass, Labels, Listener, Object,
-    Resolution, ServiceEntry, ServiceEntryPort, SliceEndpoint, SlicePort, TargetRef, WorkloadEntry,
+    AllowedNamespaces, Endpoint, EndpointSlice, Gateway, GatewayClass, LabelOperator,
+    LabelRequirement, Labels, Listener, NamespaceSelector, Object, Resolution, ServiceEntry,
+    ServiceEntryPort, SliceEndpoint, SlicePort, TargetRef, WorkloadEntry,
 };
 use crate::kube::objects::{RawMeta, parse, parse_ip, port_number, protocol, string_map};
 
@@ -65,14 +69,22 @@ pub(crate) fn endpoint_slice(value: &Value) -> Result<Object, String> {
         .iter()
         .enumerate()
         .map(|(i, e)| {
-            let addresses = e
-                .addresses
-                .iter()
-                .enumerate()
-                .filter(|_| raw.address_type != "FQDN")
-                .map(|(j, a)| parse_ip(a, &format!("endpoints[{i}].addresses[{j}]")))
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(SliceEndpoint {
+            let addresses = if raw.address_type == "FQDN" {
+                Vec::new()
+            } else {
+                e.addresses
+                    .iter()
+                    .enumerate()
+                    .map(|(j, a)| parse_ip(a, &format!("endpoints[{i}].addresses[{j}]")))
+                    .collect::<Result<Vec<_>, _>>()
+                    .unwrap_or_else(|error| {
+                        // As istiod: this endpoint builds no workload; the rest of the slice
+                        // stands, and a Pod targetRef still names the pod as a member.
+                        warn!(%namespace, slice = %name, %error, "skipping an EndpointSlice endpoint with an invalid address");
+                        Vec::new()
+                    })
+            };
+            SliceEndpoint {
                 addresses,
                 ready: e.conditions.ready,
                 target_ref: e.target_ref.as_ref().map(|t| TargetRef {
@@ -81,9 +93,9 @@ pub(crate) fn endpoint_slice(value: &Value) -> Result<Object, String> {
                     name: t.name.clone(),
                     uid: t.uid.clone(),
                 }),
-            })
+            }
         })
-        .collect::<Result<Vec<_>, String>>()?;
+        .collect();
     let ports = raw
         .ports
         .iter()
@@ -242,18 +254,14 @@ pub(crate) fn service_entry(value: &Value) -> Result<Object, String> {
         .enumerate()
         .map(|(i, e)| endpoint(e, &format!("spec.endpoints[{i}]")))
         .collect::<Result<Vec<_>, _>>()?;
+    // istiod skips an auto-allocated address it cannot parse ("unreadable is unusable") and
+    // keeps the rest; it never invalidates the entry.
     let allocated = raw
         .status
         .addresses
         .iter()
-        .enumerate()
-        .map(|(i, a)| {
-            Ok((
-                a.host.clone(),
-                parse_ip(&a.value, &format!("status.addresses[{i}].value"))?,
-            ))
-        })
-        .collect::<Result<Vec<_>, String>>()?;
+        .filter_map(|a| Some((a.host.clone(), a.value.parse::<IpAddr>().ok()?)))
+        .collect();
     if spec.hosts.is_empty() {
         return Err("spec.hosts is empty".into());
     }
@@ -295,6 +303,7 @@ pub(crate) fn workload_entry(value: &Value) -> Result<Object, String> {
         labels,
         annotations: raw.metadata.annotations,
         endpoint,
+        revision: raw.metadata.labels.get(REVISION_LABEL).map(str::to_string),
     }))
 }
 
@@ -355,6 +364,65 @@ struct RawRouteNamespaces {
 struct RawLabelSelector {
     #[serde(deserialize_with = "string_map")]
     match_labels: Labels,
+    match_expressions: Vec<RawLabelRequirement>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawLabelRequirement {
+    key: String,
+    operator: String,
+    values: Vec<String>,
+}
+
+/// `metav1.LabelSelectorAsSelector`: no selector selects nothing, `{}` everything. A selector
+/// Go rejects (unknown operator, values missing for In/NotIn or present for
+/// Exists/DoesNotExist) is logged and selects nothing.
+fn namespace_selector(raw: Option<&RawLabelSelector>, field: &str) -> NamespaceSelector {
+    let Some(raw) = raw else {
+        return NamespaceSelector::Nothing;
+    };
+    let expressions = raw
+        .match_expressions
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let operator = match e.operator.as_str() {
+                "In" => LabelOperator::In,
+                "NotIn" => LabelOperator::NotIn,
+                "Exists" => LabelOperator::Exists,
+                "DoesNotExist" => LabelOperator::DoesNotExist,
+                other => {
+                    return Err(format!(
+                        "{field}.matchExpressions[{i}]: unknown operator {other:?}"
+                    ));
+                }
+            };
+            let needs_values = matches!(operator, LabelOperator::In | LabelOperator::NotIn);
+            if needs_values == e.values.is_empty() {
+                return Err(format!(
+                    "{field}.matchExpressions[{i}]: values must be {} for {:?}",
+                    if needs_values { "non-empty" } else { "empty" },
+                    e.operator
+                ));
+            }
+            Ok(LabelRequirement {
+                key: e.key.clone(),
+                operator,
+                values: e.values.clone(),
+            })
+        })
+        .collect::<Result<Vec<_>, String>>();
+    match expressions {
+        Ok(expressions) => NamespaceSelector::Match {
+            labels: raw.match_labels.clone(),
+            expressions,
+        },
+        Err(error) => {
+            warn!(%error, "invalid namespace selector: it admits no namespace");
+            NamespaceSelector::Nothing
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -379,21 +447,19 @@ pub(crate) fn gateway(value: &Value) -> Result<Object, String> {
         .iter()
         .enumerate()
         .map(|(i, l)| {
-            let allowed = match l.allowed_routes.as_ref().and_then(|r| r.namespaces.as_ref()) {
-                None => None,
-                Some(ns) => Some(match ns.from.as_deref().unwrap_or("Same") {
-                    "Same" => AllowedNamespaces::Same,
-                    "All" => AllowedNamespaces::All,
-                    "Selector" => AllowedNamespaces::Selector(
-                        ns.selector.as_ref().map(|s| s.match_labels.clone()).unwrap_or_default(),
-                    ),
-                    other => {
-                        return Err(format!(
-                            "spec.listeners[{i}].allowedRoutes.namespaces.from: unknown value {other:?}"
-                        ));
-                    }
-                }),
-            };
+            // An unknown `from` value is Same, as in istiod's switch.
+            let allowed = l
+                .allowed_routes
+                .as_ref()
+                .and_then(|r| r.namespaces.as_ref())
+                .map(|ns| match ns.from.as_deref() {
+                    Some("All") => AllowedNamespaces::All,
+                    Some("Selector") => AllowedNamespaces::Selector(namespace_selector(
+                        ns.selector.as_ref(),
+                        &format!("spec.listeners[{i}].allowedRoutes.namespaces.selector"),
+                    )),
+                    _ => AllowedNamespaces::Same,
+                });
             Ok(Listener {
                 name: l.name.clone(),
                 port: port_number(l.port, &format!("spec.listeners[{i}].port"))?,

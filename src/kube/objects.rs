@@ -551,8 +551,9 @@ impl RawService {
             .enumerate()
             .map(|(i, p)| {
                 let port = port_number(p.port, &format!("spec.ports[{i}].port"))?;
+                // The API server defaults an absent, `0` or `""` targetPort to the port.
                 let target_port = match &p.target_port {
-                    None => TargetPort::Number(port),
+                    None | Some(IntOrString::Int(0)) => TargetPort::Number(port),
                     Some(IntOrString::Int(n)) => {
                         TargetPort::Number(port_number(*n, &format!("spec.ports[{i}].targetPort"))?)
                     }
@@ -669,6 +670,138 @@ mod tests {
         assert_eq!(svc.cluster_ips, vec!["10.0.0.1".parse::<IpAddr>().unwrap()]);
         assert!(svc.ip_families.is_empty(), "ipFamilies is read as written");
         assert!(!svc.external_name && !svc.internal_traffic_local);
+    }
+
+    #[test]
+    fn target_port_zero_or_empty_defaults_to_the_port_like_unset() {
+        let Object::Service(svc) = object(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec:\n  ports: [{name: a, port: 80, targetPort: 0}, {name: b, port: 81, targetPort: ''}, {name: c, port: 82}, {name: d, port: 83, targetPort: 8083}]\n",
+        ) else {
+            panic!("not a service")
+        };
+        let targets: Vec<_> = svc.ports.iter().map(|p| p.target_port.clone()).collect();
+        assert_eq!(
+            targets,
+            [80, 81, 82, 8083].map(TargetPort::Number).to_vec(),
+            "targetPort 0 keeps the Service"
+        );
+    }
+
+    #[test]
+    fn workload_entry_revision_comes_from_metadata_labels_only() {
+        use crate::discovery::{Index, Settings};
+        let entry = |metadata_labels: &str, spec_labels: &str| {
+            object(&format!(
+                "apiVersion: networking.istio.io/v1\nkind: WorkloadEntry\nmetadata: {{name: vm, namespace: n, labels: {{{metadata_labels}}}}}\nspec: {{address: 10.5.0.1, labels: {{{spec_labels}}}}}\n"
+            ))
+        };
+        let uid = "Kubernetes/networking.istio.io/WorkloadEntry/n/vm";
+        let published = |object: Object| {
+            let mut index = Index::new(Settings::default());
+            index
+                .apply(object)
+                .addresses
+                .upserted
+                .iter()
+                .any(|n| &**n == uid)
+        };
+        // A revision in spec.labels (merged into the workload's labels) is not the object's.
+        let Object::WorkloadEntry(we) = entry("", "istio.io/rev: canary") else {
+            panic!("not a workload entry")
+        };
+        assert_eq!(we.revision, None);
+        assert_eq!(we.labels.get("istio.io/rev"), Some("canary"));
+        assert!(published(Object::WorkloadEntry(we)));
+        assert!(!published(entry("istio.io/rev: canary", "")));
+        assert!(published(entry(
+            "istio.io/rev: default",
+            "istio.io/rev: canary"
+        )));
+    }
+
+    #[test]
+    fn service_entry_skips_an_unparsable_allocated_address_and_keeps_the_rest() {
+        let Object::ServiceEntry(se) = object(
+            "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: se, namespace: n}\nspec: {hosts: [a.example.com], resolution: DNS}\nstatus:\n  addresses: [{host: a.example.com, value: not-an-ip}, {host: a.example.com, value: 240.240.0.1}]\n",
+        ) else {
+            panic!("not a service entry")
+        };
+        assert_eq!(
+            se.allocated,
+            vec![("a.example.com".to_string(), "240.240.0.1".parse().unwrap())]
+        );
+    }
+
+    #[test]
+    fn endpoint_slice_with_one_bad_address_skips_only_that_endpoint() {
+        use crate::discovery::{Index, Settings};
+        let mut index = Index::new(Settings::default());
+        for yaml in [
+            "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: n}\nspec: {clusterIP: 10.96.0.1, ports: [{name: http, port: 80}]}\n",
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-x, namespace: n, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nendpoints: [{addresses: [10.1.0.1]}, {addresses: [not-an-ip]}, {addresses: [10.1.0.3]}]\n",
+        ] {
+            index.apply(object(yaml));
+        }
+        let snapshot = index.snapshot();
+        let slice_uid =
+            |ip: &str| format!("Kubernetes/discovery.k8s.io/EndpointSlice/n/web-x/{ip}");
+        let has = |name: &str| {
+            snapshot
+                .resources(crate::discovery::names::TypeKind::Address)
+                .contains_key(name)
+        };
+        assert!(has(&slice_uid("10.1.0.1")));
+        assert!(has(&slice_uid("10.1.0.3")));
+        assert!(!has(&slice_uid("not-an-ip")));
+    }
+
+    #[test]
+    fn gateway_allowed_routes_read_as_istiod_does() {
+        use crate::discovery::model::{AllowedNamespaces, LabelOperator, NamespaceSelector};
+        let allowed = |namespaces: &str| {
+            let Object::Gateway(gw) = object(&format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: wp, namespace: n}}\nspec:\n  listeners: [{{name: mesh, port: 15008, protocol: HBONE, allowedRoutes: {{namespaces: {namespaces}}}}}]\n"
+            )) else {
+                panic!("not a gateway")
+            };
+            gw.listeners[0].allowed.clone().expect("namespaces set")
+        };
+        // An unknown `from` is Same; it no longer invalidates the Gateway.
+        assert_eq!(allowed("{from: Bogus}"), AllowedNamespaces::Same);
+        assert_eq!(allowed("{}"), AllowedNamespaces::Same);
+        // No selector selects nothing; `{}` everything.
+        assert_eq!(
+            allowed("{from: Selector}"),
+            AllowedNamespaces::Selector(NamespaceSelector::Nothing)
+        );
+        assert_eq!(
+            allowed("{from: Selector, selector: {}}"),
+            AllowedNamespaces::Selector(NamespaceSelector::labels(Labels::new()))
+        );
+        let AllowedNamespaces::Selector(NamespaceSelector::Match {
+            labels,
+            expressions,
+        }) = allowed(
+            "{from: Selector, selector: {matchLabels: {a: b}, matchExpressions: [{key: team, operator: NotIn, values: [x]}]}}",
+        )
+        else {
+            panic!("a selector")
+        };
+        assert_eq!(labels.get("a"), Some("b"));
+        assert_eq!(expressions[0].operator, LabelOperator::NotIn);
+        assert_eq!(expressions[0].values, vec!["x".to_string()]);
+        // Selectors Go rejects select nothing.
+        for rejected in [
+            "{matchExpressions: [{key: team, operator: Matches, values: [x]}]}",
+            "{matchExpressions: [{key: team, operator: In}]}",
+            "{matchExpressions: [{key: team, operator: Exists, values: [x]}]}",
+        ] {
+            assert_eq!(
+                allowed(&format!("{{from: Selector, selector: {rejected}}}")),
+                AllowedNamespaces::Selector(NamespaceSelector::Nothing),
+                "{rejected}"
+            );
+        }
     }
 
     #[test]

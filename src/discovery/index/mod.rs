@@ -313,7 +313,8 @@ impl Index {
             Object::AuthorizationPolicy(p) => p.revision.as_deref(),
             Object::PeerAuthentication(p) => p.revision.as_deref(),
             Object::ServiceEntry(se) => se.labels.get(REVISION_LABEL),
-            Object::WorkloadEntry(we) => we.labels.get(REVISION_LABEL),
+            // Not `we.labels`: those merge in `spec.labels`, which istiod's filter never reads.
+            Object::WorkloadEntry(we) => we.revision.as_deref(),
             _ => return true,
         };
         match revision {
