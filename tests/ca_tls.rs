@@ -104,6 +104,17 @@ async fn open_ads(
     token: Option<&str>,
     namespace: &str,
 ) -> Result<Ads, tonic::Status> {
+    open_ads_holding(channel, token, namespace, Default::default()).await
+}
+
+/// [`open_ads`] for a reconnecting ztunnel that holds `held` Address resources (name ->
+/// version).
+async fn open_ads_holding(
+    channel: tonic::transport::Channel,
+    token: Option<&str>,
+    namespace: &str,
+    held: std::collections::BTreeMap<String, String>,
+) -> Result<Ads, tonic::Status> {
     let (tx, rx) = mpsc::channel(4);
     let mut node = support::ztunnel_node("node-a");
     node.metadata.as_mut().unwrap().fields.insert(
@@ -118,6 +129,11 @@ async fn open_ads(
         tx.send(DeltaDiscoveryRequest {
             node: Some(node.clone()),
             type_url: type_url.to_string(),
+            initial_resource_versions: if type_url == ADDRESS_TYPE {
+                held.clone()
+            } else {
+                Default::default()
+            },
             ..Default::default()
         })
         .await
@@ -220,6 +236,50 @@ async fn ztunnel_settings_sync_delta_ads_and_get_a_certificate() {
         );
     }
     assert!(metrics.contains("citadel_server_root_cert_expiry_timestamp "));
+    cluster.running.stop().await;
+}
+
+#[tokio::test]
+async fn a_large_reconnect_on_15012_is_checked_by_its_node_and_resends_nothing_unchanged() {
+    let cluster = start(|d| CaConfig::local(d)).await;
+    let channel = cluster.channel().await;
+    let token = cluster.ztunnel_token();
+    let mut first = open_ads(channel.clone(), Some(&token), "istio-system")
+        .await
+        .expect("stream accepted");
+    let addresses = next(&mut first).await;
+    let mut held: std::collections::BTreeMap<String, String> = addresses
+        .resources
+        .iter()
+        .map(|r| (r.name.clone(), r.version.clone()))
+        .collect();
+    drop(first);
+    // Plus 30,000 names that no longer exist: a first request of about 1.5 MB, far more than
+    // the node the guard reads it for.
+    for i in 0..30_000 {
+        held.insert(
+            format!("Kubernetes//Pod/gone/pod-{i:05}"),
+            format!("{i:016x}"),
+        );
+    }
+    let mut again = open_ads_holding(channel.clone(), Some(&token), "istio-system", held)
+        .await
+        .expect("reconnect accepted");
+    let addresses = next(&mut again).await;
+    assert_eq!(addresses.type_url, ADDRESS_TYPE);
+    assert!(addresses.resources.is_empty(), "{:?}", addresses.resources);
+    assert_eq!(addresses.removed_resources.len(), 30_000);
+    assert_eq!(next(&mut again).await.type_url, AUTHORIZATION_TYPE);
+
+    // The node is still checked against the caller when it comes with a large request.
+    let web = local_token(cluster.ca_dir.path(), "demo", "web", None, None);
+    let many = (0..30_000)
+        .map(|i| (format!("Kubernetes//Pod/gone/pod-{i:05}"), "1".to_string()))
+        .collect();
+    let status = open_ads_holding(channel, Some(&web), "istio-system", many)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied, "{status}");
     cluster.running.stop().await;
 }
 

@@ -28,6 +28,7 @@ pub mod service;
 pub mod signer;
 pub mod tls;
 pub mod token;
+pub mod xds_guard;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -55,8 +56,9 @@ pub use authn::{
 pub use authorize::{Caller, Policy};
 pub use identity::SpiffeId;
 pub use pods::{PodIndex, PodInfo, SnapshotPods, StaticPods};
-pub use service::{CaState, CertificateService, XdsGuard};
+pub use service::{CaState, CertificateService};
 pub use signer::{Signer, TtlPolicy};
+pub use xds_guard::XdsGuard;
 
 /// Lifetime of the 15012 serving certificate; it is renewed at half-life.
 pub const SERVING_TTL: Duration = Duration::from_secs(24 * 3600);
