@@ -611,23 +611,16 @@ impl Connection {
         };
         debug!(%kind, subscribe = ?request.resource_names_subscribe, unsubscribe = ?request.resource_names_unsubscribe, "subscription change");
         let started = Instant::now();
-        match state.on_subscribe(
+        let delta = state.on_subscribe(
             snapshot,
             &request.resource_names_subscribe,
             &request.resource_names_unsubscribe,
-        ) {
-            Some(delta) => {
-                self.metrics
-                    .push_triggers
-                    .get_or_create(&TypeLabel::named("request"))
-                    .inc();
-                self.send_timed(kind, snapshot, delta, started, None).await
-            }
-            None => {
-                self.publish_status(kind);
-                Ok(())
-            }
-        }
+        );
+        self.metrics
+            .push_triggers
+            .get_or_create(&TypeLabel::named("request"))
+            .inc();
+        self.send_timed(kind, snapshot, delta, started, None).await
     }
 
     /// Brings dirty types up to date with the newest snapshot, Address first; `slot` is room

@@ -365,13 +365,15 @@ impl TypeState {
         delta
     }
 
-    /// A subscription change on an open stream; `None` when there is nothing to answer.
+    /// A subscription change on an open stream. Always answered, if only with an empty
+    /// response: istiod answers every request that changes a subscription, and a client may
+    /// wait for that answer.
     pub fn on_subscribe(
         &mut self,
         snapshot: &Arc<Snapshot>,
         subscribe: &[String],
         unsubscribe: &[String],
-    ) -> Option<Delta> {
+    ) -> Delta {
         let was_wildcard = self.subscription.wildcard;
         let added = self.subscription.update(subscribe, unsubscribe);
         if self.node.is_some() {
@@ -382,23 +384,28 @@ impl TypeState {
             self.held.remove(name);
         }
         match (was_wildcard, self.subscription.wildcard) {
-            (false, true) => Some(self.sync_wildcard(snapshot)),
+            (false, true) => self.sync_wildcard(snapshot),
             (true, false) => {
                 // The client keeps what it has; follow it by name from here.
                 self.held = self.view_versions();
                 self.synced = None;
-                (!added.is_empty()).then(|| self.explicit(snapshot, &added, Explicit::Lookup))
+                if added.is_empty() {
+                    Delta::default()
+                } else {
+                    self.explicit(snapshot, &added, Explicit::Lookup)
+                }
             }
-            (true, true) => None,
+            // A wildcard client already has everything a name could add.
+            (true, true) => Delta::default(),
             (false, false) => {
-                // istiod answers an explicit subscription request even when it adds nothing
-                // new, so a client waiting on it is never left hanging.
+                // A key asked for again is answered again, so a client waiting on it is never
+                // left hanging.
                 let keys = if added.is_empty() {
                     subscribe.to_vec()
                 } else {
                     added
                 };
-                (!keys.is_empty()).then(|| self.explicit(snapshot, &keys, Explicit::Lookup))
+                self.explicit(snapshot, &keys, Explicit::Lookup)
             }
         }
     }
