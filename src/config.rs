@@ -67,7 +67,8 @@ pub struct ServeArgs {
     )]
     pub discovery_selectors: Vec<crate::kube::cluster::LabelSelector>,
 
-    /// Mesh config file (istiod's `mesh`); its `discoverySelectors` are applied.
+    /// Mesh config file (istiod's `mesh`): its `discoverySelectors` are applied, and its
+    /// `rootNamespace` and `trustDomain` unless the flags give them.
     #[arg(
         long,
         env = "AMBIENTD_MESH_CONFIG",
@@ -98,9 +99,10 @@ pub struct ServeArgs {
     #[arg(long, env = "AMBIENTD_CLUSTER_ID", default_value = "Kubernetes", value_parser = non_empty)]
     pub cluster_id: String,
 
-    /// Mesh trust domain (cluster.local is sent as empty, as istiod does).
-    #[arg(long, env = "AMBIENTD_TRUST_DOMAIN", default_value = "cluster.local", value_parser = dns_name)]
-    pub trust_domain: String,
+    /// Mesh trust domain (cluster.local is sent as empty, as istiod does). Default: the mesh
+    /// config's `trustDomain`, else cluster.local.
+    #[arg(long, env = "AMBIENTD_TRUST_DOMAIN", value_parser = dns_name)]
+    pub trust_domain: Option<String>,
 
     /// Cluster domain suffix of Service hostnames.
     #[arg(long, env = "AMBIENTD_DOMAIN", default_value = "cluster.local", value_parser = dns_name)]
@@ -109,6 +111,12 @@ pub struct ServeArgs {
     /// Namespace ambientd runs in; its topology.istio.io/network label names the network.
     #[arg(long, env = "AMBIENTD_SYSTEM_NAMESPACE", default_value = "istio-system", value_parser = non_empty)]
     pub system_namespace: String,
+
+    /// meshConfig.rootNamespace: AuthorizationPolicies and PeerAuthentications here apply to
+    /// the whole mesh, and debug callers must be in it. Default: the mesh config's
+    /// `rootNamespace`, else the system namespace (as istiod).
+    #[arg(long, env = "AMBIENTD_ROOT_NAMESPACE", value_parser = non_empty)]
+    pub root_namespace: Option<String>,
 
     /// istiod revision: Istio config objects whose `istio.io/rev` label names another revision
     /// are ignored; unlabelled ones are served only by the `default` revision.
@@ -354,15 +362,13 @@ impl Config {
 }
 
 /// The cluster source's config from its flags.
-fn cluster_source(args: &ServeArgs) -> Result<crate::kube::cluster::ClusterConfig, String> {
+fn cluster_source(
+    args: &ServeArgs,
+    mesh: Option<&crate::kube::cluster::MeshSettings>,
+) -> Result<crate::kube::cluster::ClusterConfig, String> {
     use crate::kube::cluster::{ClusterConfig, DiscoverySelectors};
-    let discovery_selectors = match &args.mesh_config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("--mesh-config {}: {e}", path.display()))?;
-            DiscoverySelectors::from_mesh_config(&text)
-                .map_err(|e| format!("--mesh-config {}: {e}", path.display()))?
-        }
+    let discovery_selectors = match mesh {
+        Some(mesh) => mesh.discovery_selectors.clone(),
         None => DiscoverySelectors(args.discovery_selectors.clone()),
     };
     Ok(ClusterConfig {
@@ -402,10 +408,35 @@ impl TryFrom<ServeArgs> for Config {
     type Error = String;
 
     fn try_from(args: ServeArgs) -> Result<Self, String> {
+        let mesh = match &args.mesh_config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("--mesh-config {}: {e}", path.display()))?;
+                let mesh = crate::kube::cluster::MeshSettings::parse(&text)
+                    .map_err(|e| format!("--mesh-config {}: {e}", path.display()))?;
+                if let Some(domain) = &mesh.trust_domain {
+                    dns_name(domain).map_err(|e| {
+                        format!("--mesh-config {}: trustDomain: {e}", path.display())
+                    })?;
+                }
+                Some(mesh)
+            }
+            None => None,
+        };
         let source = match &args.manifests {
             Some(dir) => Source::Manifests(dir.clone()),
-            None => Source::Cluster(cluster_source(&args)?),
+            None => Source::Cluster(cluster_source(&args, mesh.as_ref())?),
         };
+        let trust_domain = args
+            .trust_domain
+            .clone()
+            .or_else(|| mesh.as_ref().and_then(|m| m.trust_domain.clone()))
+            .unwrap_or_else(|| "cluster.local".into());
+        let root_namespace = args
+            .root_namespace
+            .clone()
+            .or_else(|| mesh.as_ref().and_then(|m| m.root_namespace.clone()))
+            .unwrap_or_else(|| args.system_namespace.clone());
         let writes = match &source {
             Source::Manifests(_) => None,
             Source::Cluster(_) => Some(cluster_writes(&args)?),
@@ -419,9 +450,10 @@ impl TryFrom<ServeArgs> for Config {
             debug_address: args.debug_address,
             settings: Settings {
                 cluster_id: args.cluster_id,
-                trust_domain: args.trust_domain,
+                trust_domain,
                 domain: args.domain,
                 system_namespace: args.system_namespace,
+                root_namespace,
                 revision: args.revision,
             },
             log_filter: None,
@@ -462,6 +494,55 @@ mod tests {
         assert_eq!(config.settings.trust_domain, "cluster.local");
         assert_eq!(config.settings.domain, "cluster.local");
         assert_eq!(config.settings.system_namespace, "istio-system");
+        assert_eq!(config.settings.root_namespace, "istio-system");
+    }
+
+    #[test]
+    fn root_namespace_and_trust_domain_come_from_flags_then_the_mesh_config() {
+        // No mesh config: the root namespace follows the system namespace, as istiod's does.
+        let config = Config::try_from(
+            parse(&["--manifests", "x", "--system-namespace", "ambient"]).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(config.settings.root_namespace, "ambient");
+        let dir = tempfile::tempdir().unwrap();
+        let mesh = dir.path().join("mesh");
+        std::fs::write(
+            &mesh,
+            "rootNamespace: istio-config\ntrustDomain: example.org\n\
+             discoverySelectors: [{matchLabels: {mesh: on}}]\n",
+        )
+        .unwrap();
+        let mesh = mesh.to_str().unwrap();
+        let config = Config::try_from(parse(&["--mesh-config", mesh]).unwrap()).unwrap();
+        assert_eq!(config.settings.root_namespace, "istio-config");
+        assert_eq!(config.settings.trust_domain, "example.org");
+        assert_eq!(config.settings.system_namespace, "istio-system");
+        let Source::Cluster(cluster) = &config.source else {
+            panic!("not the cluster source")
+        };
+        assert_eq!(cluster.discovery_selectors.0.len(), 1);
+        // The flags win.
+        let config = Config::try_from(
+            parse(&[
+                "--mesh-config",
+                mesh,
+                "--root-namespace",
+                "policies",
+                "--trust-domain",
+                "corp.example",
+            ])
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(config.settings.root_namespace, "policies");
+        assert_eq!(config.settings.trust_domain, "corp.example");
+        // A bad trust domain in the mesh config is an error naming the file's field.
+        std::fs::write(dir.path().join("bad"), "trustDomain: \"not a domain\"\n").unwrap();
+        let bad = dir.path().join("bad");
+        let error = Config::try_from(parse(&["--mesh-config", bad.to_str().unwrap()]).unwrap())
+            .unwrap_err();
+        assert!(error.contains("trustDomain"), "{error}");
     }
 
     #[test]

@@ -105,7 +105,7 @@ async fn guard(State(state): State<DebugState>, request: Request, next: Next) ->
         peer_certs: None,
     };
     match authenticators.authenticate(&context).await {
-        Ok(caller) if caller.identity.namespace == state.settings.system_namespace => {
+        Ok(caller) if caller.identity.namespace == state.settings.root_namespace => {
             next.run(request).await
         }
         Ok(caller) => {

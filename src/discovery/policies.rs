@@ -18,7 +18,7 @@ pub fn workload_policies(
     namespace: &str,
     labels: &Labels,
 ) -> Vec<String> {
-    let root = settings.system_namespace.as_str();
+    let root = settings.root_namespace.as_str();
     let mut names: Vec<String> = store
         .policies_in(namespace)
         .chain(store.policies_in(root).filter(|_| namespace != root))
@@ -43,7 +43,7 @@ pub fn convert(settings: &Settings, store: &Store, key: &Key) -> Option<Converte
     let policy = store.policies.get(key)?;
     Some(authorization::convert_policy(
         policy,
-        &settings.system_namespace,
+        &settings.root_namespace,
     ))
 }
 
@@ -54,7 +54,7 @@ pub fn converted_peer_policy(
     key: &Key,
 ) -> Option<Authorization> {
     let pa = store.peer_authentications.get(key)?;
-    let root = settings.system_namespace.as_str();
+    let root = settings.root_namespace.as_str();
     let in_namespace: Vec<&PeerAuthentication> =
         store.peer_authentications_in(&pa.namespace).collect();
     let in_root: Vec<&PeerAuthentication> = store.peer_authentications_in(root).collect();
@@ -63,6 +63,5 @@ pub fn converted_peer_policy(
 
 /// The shared "deny plaintext" policy: served iff any PeerAuthentication exists.
 pub fn static_strict(settings: &Settings, store: &Store) -> Option<Authorization> {
-    (!store.peer_authentications.is_empty())
-        .then(|| static_strict_policy(&settings.system_namespace))
+    (!store.peer_authentications.is_empty()).then(|| static_strict_policy(&settings.root_namespace))
 }

@@ -44,7 +44,7 @@ use tracing::{Instrument, info, info_span};
 use crate::discovery::model::{Event, Kind};
 
 pub use kinds::{WatchedKind, watched_kinds};
-pub use selector::{DiscoverySelectors, LabelSelector};
+pub use selector::{DiscoverySelectors, LabelSelector, MeshSettings};
 
 /// Events from watchers queued before they wait for the coordinator.
 const WATCH_BUFFER: usize = 1024;

@@ -145,17 +145,13 @@ pub fn load() -> Result<Vec<Case>, String> {
 
 /// The index settings for a case, and notes on how they were chosen.
 ///
-/// Defaults are the header's. `domain_suffix` becomes `Settings::domain`. ambientd has a single
-/// `system_namespace` that is both the namespace whose `topology.istio.io/network` label names the
-/// local network and the root namespace. When a case sets `root_namespace` different from
-/// `system_namespace`, the root namespace is used as ambientd's system namespace (root-namespace
-/// semantics: GLOBAL scope, the static strict policy's namespace) - unless the input carries the
-/// network label on the system namespace, in which case the network wins, the system namespace is
-/// kept, and a note says the root namespace could not be honoured. `revision`, `mesh_config` and
-/// `features` have no ambientd equivalent: a case setting them cannot run.
+/// Defaults are the header's. `domain_suffix` becomes `Settings::domain`; `system_namespace`
+/// (whose `topology.istio.io/network` label names the local network) and `root_namespace`
+/// (mesh-wide policies) map one to one. `revision`, `mesh_config` and `features` have no
+/// ambientd equivalent here: a case setting them cannot run.
 pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
     let s = &case.settings;
-    let mut notes = Vec::new();
+    let notes = Vec::new();
     if s.revision.as_deref().is_some_and(|r| !r.is_empty()) {
         return Err(format!(
             "settings.revision {:?} is not supported",
@@ -178,21 +174,6 @@ pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
              Namespace has network label {label:?}"
         ));
     }
-    let root = s.root_namespace.clone().unwrap_or("istio-system".into());
-    let system_namespace = if root == system {
-        system
-    } else if label.is_some() {
-        notes.push(format!(
-            "root_namespace {root:?} differs from system_namespace {system:?}, which carries the \
-             network label: kept {system:?} (root-namespace semantics use it too)"
-        ));
-        system
-    } else {
-        notes.push(format!(
-            "root_namespace {root:?} used as ambientd's system namespace (no network label on {system:?})"
-        ));
-        root
-    };
     // Over the defaults, so that a field `Settings` gains later keeps its default here (and
     // this keeps compiling): the update is needless only until then.
     #[allow(clippy::needless_update)]
@@ -200,7 +181,8 @@ pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
         cluster_id: s.cluster_id.clone().unwrap_or("Kubernetes".into()),
         trust_domain: s.trust_domain.clone().unwrap_or("cluster.local".into()),
         domain: s.domain_suffix.clone().unwrap_or("cluster.local".into()),
-        system_namespace,
+        system_namespace: system,
+        root_namespace: s.root_namespace.clone().unwrap_or("istio-system".into()),
         ..Settings::default()
     };
     Ok((settings, notes))

@@ -91,7 +91,7 @@ impl Index {
         selector: &crate::discovery::model::Labels,
         targets: &mut BTreeSet<Target>,
     ) {
-        let namespaces: Vec<String> = if namespace == self.settings.system_namespace {
+        let namespaces: Vec<String> = if namespace == self.settings.root_namespace {
             self.store.members.keys().cloned().collect()
         } else {
             vec![namespace.to_string()]
@@ -112,7 +112,7 @@ impl Index {
     /// Every workload (pods, WorkloadEntries, ServiceEntry endpoints) of a namespace, or of
     /// every namespace when it is the root namespace: the ones a policy there may reach.
     pub(super) fn policy_scope(&self, namespace: &str, targets: &mut BTreeSet<Target>) {
-        let namespaces: Vec<String> = if namespace == self.settings.system_namespace {
+        let namespaces: Vec<String> = if namespace == self.settings.root_namespace {
             self.store.members.keys().cloned().collect()
         } else {
             vec![namespace.to_string()]
@@ -250,7 +250,7 @@ impl Index {
             Object::PeerAuthentication(pa) => {
                 // Parents of other PAs' converted policies, the static policy, and references.
                 targets.insert(Target::StaticStrict);
-                let root = pa.namespace == self.settings.system_namespace;
+                let root = pa.namespace == self.settings.root_namespace;
                 let peers: Vec<Key> = if root {
                     self.store.peer_authentications.keys().cloned().collect()
                 } else {

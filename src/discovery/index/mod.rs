@@ -39,8 +39,12 @@ pub struct Settings {
     pub trust_domain: String,
     /// The cluster domain suffix of Service hostnames.
     pub domain: String,
-    /// Its `topology.istio.io/network` label names the local network; also the root namespace.
+    /// ambientd's (istiod's) namespace: its `topology.istio.io/network` label names the local
+    /// network.
     pub system_namespace: String,
+    /// meshConfig.rootNamespace: policies here apply mesh-wide. istiod's default is its own
+    /// namespace.
+    pub root_namespace: String,
     /// istiod's revision: Istio config objects labelled `istio.io/rev` with another value are
     /// ignored; unlabelled ones are taken when this is `default`.
     pub revision: String,
@@ -53,6 +57,7 @@ impl Default for Settings {
             trust_domain: "cluster.local".into(),
             domain: "cluster.local".into(),
             system_namespace: "istio-system".into(),
+            root_namespace: "istio-system".into(),
             revision: "default".into(),
         }
     }

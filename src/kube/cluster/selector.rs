@@ -213,18 +213,32 @@ impl DiscoverySelectors {
     }
 
     /// Reads `discoverySelectors` from a mesh config document (istiod's `mesh` file, the
-    /// `mesh` key of the `istio` ConfigMap). Other fields are ignored.
+    /// `mesh` key of the `istio` ConfigMap).
     pub fn from_mesh_config(yaml: &str) -> Result<Self, String> {
+        Ok(MeshSettings::parse(yaml)?.discovery_selectors)
+    }
+}
+
+/// What ambientd reads from a mesh config document (istiod's `mesh` file, the `mesh` key of
+/// the `istio` ConfigMap). Other fields are ignored.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MeshSettings {
+    pub discovery_selectors: DiscoverySelectors,
+    /// `rootNamespace`: where policies apply mesh-wide.
+    pub root_namespace: Option<String>,
+    /// `trustDomain`.
+    pub trust_domain: Option<String>,
+}
+
+impl MeshSettings {
+    pub fn parse(yaml: &str) -> Result<Self, String> {
         let options = serde_saphyr::options! { strict_booleans: true };
         let mesh: Option<MeshConfig> = serde_saphyr::from_str_with_options(yaml, options)
             .map_err(|e| e.to_string().lines().next().unwrap_or_default().to_string())?;
+        let mesh = mesh.unwrap_or_default();
+        let non_empty = |value: Option<String>| value.filter(|v| !v.is_empty());
         let mut selectors = Vec::new();
-        for (i, raw) in mesh
-            .unwrap_or_default()
-            .discovery_selectors
-            .into_iter()
-            .enumerate()
-        {
+        for (i, raw) in mesh.discovery_selectors.into_iter().enumerate() {
             // A null entry selects nothing, as in istiod.
             let Some(raw) = raw else { continue };
             selectors.push(
@@ -232,7 +246,11 @@ impl DiscoverySelectors {
                     .map_err(|e| format!("discoverySelectors[{i}]: {e}"))?,
             );
         }
-        Ok(DiscoverySelectors(selectors))
+        Ok(MeshSettings {
+            discovery_selectors: DiscoverySelectors(selectors),
+            root_namespace: non_empty(mesh.root_namespace),
+            trust_domain: non_empty(mesh.trust_domain),
+        })
     }
 }
 
@@ -250,6 +268,8 @@ impl fmt::Display for DiscoverySelectors {
 #[serde(rename_all = "camelCase", default)]
 struct MeshConfig {
     discovery_selectors: Vec<Option<RawLabelSelector>>,
+    root_namespace: Option<String>,
+    trust_domain: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
