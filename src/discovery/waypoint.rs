@@ -146,14 +146,21 @@ impl Waypoint {
     }
 }
 
-/// `PROXY` or `PROXY/<port>`; `NONE` (or anything else) means no application tunnel.
+/// `<protocol>` or `<protocol>/<port>`, the protocol `PROXY` or `NONE`, as istiod's
+/// `makeInboundBinding`: a `NONE` binding is still sent to the waypoint's own pods, as an
+/// application tunnel with protocol NONE. Anything else is no binding.
 fn parse_binding(text: &str) -> Option<ApplicationTunnel> {
     let (protocol, port) = match text.split_once('/') {
         Some((protocol, port)) => (protocol, port.parse::<u32>().ok()?),
         None => (text, 0),
     };
-    (protocol == "PROXY").then_some(ApplicationTunnel {
-        protocol: TunnelProtocol::Proxy as i32,
+    let protocol = match protocol {
+        "PROXY" => TunnelProtocol::Proxy,
+        "NONE" => TunnelProtocol::None,
+        _ => return None,
+    };
+    Some(ApplicationTunnel {
+        protocol: protocol as i32,
         port,
     })
 }
@@ -425,6 +432,30 @@ mod tests {
                 assert!(!wp.traffic.admits(Bind::Service));
                 assert!(!wp.traffic.admits(Bind::Workload));
             }
+        }
+    }
+
+    #[test]
+    fn inbound_bindings_parse_as_istiod_does() {
+        let tunnel = |protocol: TunnelProtocol, port| {
+            Some(ApplicationTunnel {
+                protocol: protocol as i32,
+                port,
+            })
+        };
+        let table = [
+            ("PROXY", tunnel(TunnelProtocol::Proxy, 0)),
+            ("PROXY/15088", tunnel(TunnelProtocol::Proxy, 15088)),
+            // NONE is a binding too: the instance pods get a NONE application tunnel.
+            ("NONE", tunnel(TunnelProtocol::None, 0)),
+            ("NONE/8080", tunnel(TunnelProtocol::None, 8080)),
+            ("proxy", None),
+            ("HBONE", None),
+            ("PROXY/port", None),
+            ("", None),
+        ];
+        for (text, want) in table {
+            assert_eq!(parse_binding(text), want, "{text:?}");
         }
     }
 }
