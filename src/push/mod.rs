@@ -4,6 +4,7 @@
 //! Protocol decisions (subscriptions, ACK/NACK, what to send) are pure functions in
 //! [`subscription`]; [`server`] only moves bytes between them and the stream.
 
+mod connection;
 pub mod indexer;
 pub mod known;
 pub mod listener;
