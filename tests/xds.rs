@@ -194,24 +194,31 @@ async fn a_nack_does_not_cause_a_resend_loop() {
     running.stop().await;
 }
 
-#[tokio::test]
-async fn an_on_demand_ztunnel_gets_its_node_workloads_with_its_first_lookup() {
-    let mesh = mesh();
-    let running = start(mesh.root()).await;
-    let mut client = XdsClient::connect(&running).await;
+/// A ztunnel with XDS_ON_DEMAND on `node`: Address subscribe [*] + unsubscribe [*], nothing
+/// yet. Its first response, empty as istiod's, is checked and ACKed.
+async fn on_demand(running: &ambientd::app::Running, node: &str) -> XdsClient {
+    let mut client = XdsClient::connect(running).await;
     client
         .send(DeltaDiscoveryRequest {
-            node: Some(ztunnel_node("node-a")),
+            node: Some(ztunnel_node(node)),
             type_url: ADDRESS_TYPE.to_string(),
             resource_names_subscribe: vec!["*".into()],
             resource_names_unsubscribe: vec!["*".into()],
             ..Default::default()
         })
         .await;
-    // istiod's first on-demand response is empty.
     let empty = client.recv().await;
+    assert_eq!(empty.type_url, ADDRESS_TYPE);
     assert!(empty.resources.is_empty() && empty.removed_resources.is_empty());
     client.ack(&empty).await;
+    client
+}
+
+#[tokio::test]
+async fn an_on_demand_ztunnel_gets_its_node_workloads_with_its_first_lookup() {
+    let mesh = mesh();
+    let running = start(mesh.root()).await;
+    let mut client = on_demand(&running, "node-a").await;
     // The first lookup (of an address nothing has) brings the pods on node-a with it.
     client
         .send(DeltaDiscoveryRequest {
@@ -230,23 +237,9 @@ async fn an_on_demand_ztunnel_gets_its_node_workloads_with_its_first_lookup() {
 async fn on_demand_ip_lookup_is_answered() {
     let mesh = mesh();
     let running = start(mesh.root()).await;
-    let mut client = XdsClient::connect(&running).await;
-    // ztunnel with XDS_ON_DEMAND: Address subscribe [*] + unsubscribe [*] = nothing yet. Its
-    // node has no pods, so every answer holds only what was looked up (see
+    // Its node has no pods, so every answer holds only what was looked up (see
     // `an_on_demand_ztunnel_gets_its_node_workloads_with_its_first_lookup`).
-    client
-        .send(DeltaDiscoveryRequest {
-            node: Some(ztunnel_node("node-z")),
-            type_url: ADDRESS_TYPE.to_string(),
-            resource_names_subscribe: vec!["*".into()],
-            resource_names_unsubscribe: vec!["*".into()],
-            ..Default::default()
-        })
-        .await;
-    let empty = client.recv().await;
-    assert_eq!(empty.type_url, ADDRESS_TYPE);
-    assert!(empty.resources.is_empty() && empty.removed_resources.is_empty());
-    client.ack(&empty).await;
+    let mut client = on_demand(&running, "node-z").await;
 
     client
         .send(DeltaDiscoveryRequest {
