@@ -277,10 +277,12 @@ fn values_reach_the_args() {
             "terminationGracePeriodSeconds": 45,
             "shutdownGrace": "20s",
             "xds": {"scopeToNode": true},
+            "rootNamespace": "mesh-config",
         }),
         "mesh-system",
     );
     assert_eq!(rendered.flag("--trust-domain"), ["example.org"]);
+    assert_eq!(rendered.flag("--root-namespace"), ["mesh-config"]);
     assert_eq!(rendered.flag("--cluster-id"), ["east"]);
     assert_eq!(rendered.flag("--system-namespace"), ["mesh-system"]);
     assert_eq!(rendered.flag("--debounce-after"), ["100ms"]);
@@ -302,6 +304,7 @@ fn values_reach_the_args() {
     assert_eq!(config.settings.cluster_id, "east");
     assert_eq!(config.settings.domain, "corp.local");
     assert_eq!(config.settings.system_namespace, "mesh-system");
+    assert_eq!(config.settings.root_namespace, "mesh-config");
     assert_eq!(config.debounce.after, std::time::Duration::from_millis(100));
     assert_eq!(config.debounce.max, std::time::Duration::from_secs(2));
     assert_eq!(config.shutdown_grace, std::time::Duration::from_secs(20));
@@ -323,7 +326,9 @@ fn values_reach_the_args() {
         rendered.flag("--trusted-node-accounts"),
         ["mesh-system/ztunnel"]
     );
+    assert!(rendered.flag("--root-namespace").is_empty());
     let config = parse_args(&rendered);
+    assert_eq!(config.settings.root_namespace, "mesh-system");
     assert_eq!(config.shutdown_grace, std::time::Duration::from_secs(10));
     assert!(!config.scope_to_node);
 }
