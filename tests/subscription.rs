@@ -322,6 +322,36 @@ fn wildcard_on_snapshot_sends_exactly_what_changed() {
 }
 
 #[test]
+fn streams_synced_to_the_same_snapshot_share_one_diff() {
+    let mut index = cluster();
+    let first = index.snapshot();
+    let mut a = TypeState::new(TypeKind::Address, &request(&[], &[]));
+    let mut b = TypeState::new(TypeKind::Address, &request(&[], &[]));
+    a.initial(&first);
+    b.initial(&first);
+    index.apply(Object::Pod(
+        pod_with(NS, "c", "10.0.0.3", &[("app", "other"), ("version", "v2")]).into(),
+    ));
+    index.delete(&ObjectRef::new(Kind::Pod, NS, "b"));
+    let second = index.snapshot();
+    let from_a = a.on_snapshot(&second);
+    assert_delta(&from_a, &[uid(NS, "c")], &[uid(NS, "b")]);
+    assert_eq!(b.on_snapshot(&second), from_a);
+    // The second stream used the diff the first computed.
+    let shared = second.diff_from(TypeKind::Address, first.generation, || {
+        panic!("the diff was computed again")
+    });
+    assert_eq!(shared.upserted.len(), 1);
+    // A stream synced elsewhere computes its own.
+    let mut c = TypeState::new(TypeKind::Address, &request(&[], &[]));
+    c.initial(&second);
+    index.apply(Object::Pod(pod(NS, "d", "10.0.0.4").into()));
+    let third = index.snapshot();
+    assert_delta(&c.on_snapshot(&third), &[uid(NS, "d")], NONE);
+    assert_delta(&a.on_snapshot(&third), &[uid(NS, "d")], NONE);
+}
+
+#[test]
 fn wildcard_client_behind_the_history_gets_a_full_diff() {
     let mut index = cluster();
     let mut state = TypeState::new(TypeKind::Address, &request(&[], &[]));

@@ -268,6 +268,43 @@ pub struct Snapshot {
     pub published_at: Option<std::time::Instant>,
     /// Each type's resources as one flat list, built on first use ([`Snapshot::flat`]).
     pub(crate) flat: [std::sync::OnceLock<FlatList>; 2],
+    /// Diffs to this snapshot from earlier ones, computed once for every stream that needs
+    /// the same one ([`Snapshot::diff_from`]).
+    pub(crate) diffs: Diffs,
+}
+
+/// What changed for one type between two snapshots: what to send and what to remove.
+#[derive(Debug, Default)]
+pub struct Diff {
+    pub upserted: Vec<Arc<Resource>>,
+    pub removed: Vec<Name>,
+}
+
+/// The diffs a snapshot keeps: by type and earlier generation, the few most recent.
+#[derive(Default)]
+pub(crate) struct Diffs(std::sync::Mutex<Vec<(TypeKind, u64, Arc<Diff>)>>);
+
+/// How many diffs a snapshot keeps. Streams that follow the snapshots closely share one or two
+/// earlier generations; a stream further behind computes its own.
+const DIFFS_KEPT: usize = 8;
+
+impl Diffs {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(TypeKind, u64, Arc<Diff>)>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Clone for Diffs {
+    /// A copy of a snapshot shares no cached diffs (they are only valid for that snapshot).
+    fn clone(&self) -> Self {
+        Diffs::default()
+    }
+}
+
+impl std::fmt::Debug for Diffs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Diffs")
+    }
 }
 
 /// A type's resources in one contiguous list: name, version, resource.
@@ -298,6 +335,35 @@ impl Snapshot {
                 .map(|(name, resource)| (name.clone(), resource.version, resource.clone()))
                 .collect()
         })
+    }
+
+    /// The diff of `kind` from the snapshot of generation `from` to this one, as `compute` gives
+    /// it: computed by the first stream that asks, then shared. `compute` must give the same
+    /// diff whichever stream runs it (a function of the two snapshots only). A thousand
+    /// streams following the same snapshots otherwise each repeat the same lookups (T8).
+    pub fn diff_from(
+        &self,
+        kind: TypeKind,
+        from: u64,
+        compute: impl FnOnce() -> Diff,
+    ) -> Arc<Diff> {
+        if let Some((_, _, diff)) = self
+            .diffs
+            .lock()
+            .iter()
+            .find(|(k, f, _)| *k == kind && *f == from)
+        {
+            return diff.clone();
+        }
+        // Computed outside the lock: another stream may compute the same diff meanwhile, and
+        // one of the two is kept.
+        let diff = Arc::new(compute());
+        let mut diffs = self.diffs.lock();
+        if diffs.len() >= DIFFS_KEPT {
+            diffs.remove(0);
+        }
+        diffs.push((kind, from, diff.clone()));
+        diff
     }
 
     /// The resource changes between generation `since` and this snapshot, if history still

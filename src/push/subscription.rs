@@ -11,7 +11,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::discovery::names::TypeKind;
-use crate::discovery::snapshot::{Name, Resource, ResourceMap, Snapshot};
+use crate::discovery::snapshot::{Diff, Name, Resource, ResourceMap, Snapshot};
 use crate::pb::xds::DeltaDiscoveryRequest;
 use crate::push::known::KnownVersions;
 
@@ -347,20 +347,35 @@ impl TypeState {
         self.note(snapshot);
         let resources = snapshot.resources(self.kind);
         let old = synced.resources(self.kind);
-        let mut delta = Delta::default();
-        match self.changed.replace(BTreeSet::new()) {
+        let delta = match self.changed.replace(BTreeSet::new()) {
             Some(changed) => {
-                for name in &changed {
-                    diff_one(name, old, resources, &mut delta);
+                // The names changed since `synced`, all from the history: the same for every
+                // stream synced to that snapshot, so the diff is computed once and shared.
+                let diff = snapshot.diff_from(self.kind, synced.generation, || {
+                    let mut delta = Delta::default();
+                    for name in &changed {
+                        diff_one(name, old, resources, &mut delta);
+                    }
+                    with_members(snapshot, &mut delta, |_| true);
+                    Diff {
+                        upserted: delta.resources,
+                        removed: delta.removed.into_iter().map(Name::from).collect(),
+                    }
+                });
+                Delta {
+                    resources: diff.upserted.clone(),
+                    removed: diff.removed.iter().map(|n| n.to_string()).collect(),
                 }
             }
             None => {
                 // Fell behind the history: compare the two snapshots, skipping the parts of
                 // their maps they still share (most of them, for a client a few seconds behind).
+                let mut delta = Delta::default();
                 resources.diff(old, |name| diff_one(name, old, resources, &mut delta));
+                with_members(snapshot, &mut delta, |_| true);
+                delta
             }
-        }
-        with_members(snapshot, &mut delta, |_| true);
+        };
         self.synced = Some(snapshot.clone());
         delta
     }

@@ -266,6 +266,7 @@ impl Index {
             statuses: self.statuses.clone(),
             published_at: None,
             flat: Default::default(),
+            diffs: Default::default(),
         })
     }
 
