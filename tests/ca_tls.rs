@@ -61,6 +61,17 @@ struct Cluster {
     running: Running,
 }
 
+/// [`start`] with a plugged-in CA read from `cacerts`.
+async fn start_plugged(cacerts: &std::path::Path) -> Cluster {
+    let dir = cacerts.to_path_buf();
+    start(move |ca_dir| {
+        let mut config = CaConfig::local(ca_dir);
+        config.cacerts = Some(dir);
+        config
+    })
+    .await
+}
+
 async fn start(ca: impl FnOnce(&std::path::Path) -> CaConfig) -> Cluster {
     let manifests = support::Manifests::new(&[("mesh.yaml", MESH)]);
     let ca_dir = tempfile::tempdir().unwrap();
@@ -413,13 +424,7 @@ async fn a_plugged_in_ca_is_reloaded_when_its_files_change() {
     let cacerts = tempfile::tempdir().unwrap();
     let first = plugged_ca(Duration::from_secs(365 * 86400));
     first.write_cacerts(cacerts.path());
-    let dir = cacerts.path().to_path_buf();
-    let cluster = start(move |ca_dir| {
-        let mut config = CaConfig::local(ca_dir);
-        config.cacerts = Some(dir);
-        config
-    })
-    .await;
+    let cluster = start_plugged(cacerts.path()).await;
     let root_path = cluster.ca_dir.path().join("root-cert.pem");
     assert_eq!(std::fs::read_to_string(&root_path).unwrap(), first.root_pem);
     let token = cluster.ztunnel_token();
@@ -466,13 +471,7 @@ async fn ca_metrics_report_the_roots_expiry_and_each_failure() {
     // The intermediate expires in a year, the root in ten.
     let ca = plugged_ca(Duration::from_secs(365 * 86400));
     ca.write_cacerts(cacerts.path());
-    let dir = cacerts.path().to_path_buf();
-    let cluster = start(move |ca_dir| {
-        let mut config = CaConfig::local(ca_dir);
-        config.cacerts = Some(dir);
-        config
-    })
-    .await;
+    let cluster = start_plugged(cacerts.path()).await;
     let metrics = cluster.running.metrics.clone();
     let not_after = |pem: &str| {
         let der = ambientd::ca::keys::certificates(pem.as_bytes()).unwrap();
