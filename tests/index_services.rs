@@ -485,3 +485,104 @@ fn services_map_holds_every_matching_service() {
         assert_eq!(list.ports, vec![port(80, 8080)]);
     }
 }
+
+#[test]
+fn canary_waypoints_weigh_0_by_default_and_may_come_from_the_namespace() {
+    use ambientd::discovery::model::Namespace;
+    type Pairs<'a> = &'a [(&'a str, &'a str)];
+    // (service labels, service annotations, namespace labels, namespace annotations, weights)
+    let table: &[(Pairs, Pairs, Pairs, Pairs, &[u32])] = &[
+        // Istio: the weight "defaults to 0".
+        (
+            &[
+                ("istio.io/use-waypoint", "wp"),
+                ("istio.io/use-waypoint-canary", "canary"),
+            ],
+            &[],
+            &[],
+            &[],
+            &[100, 0],
+        ),
+        (
+            &[
+                ("istio.io/use-waypoint", "wp"),
+                ("istio.io/use-waypoint-canary", "canary"),
+            ],
+            &[("istio.io/use-waypoint-canary-weight", "30")],
+            &[],
+            &[],
+            &[70, 30],
+        ),
+        // The canary and its weight from the Namespace.
+        (
+            &[("istio.io/use-waypoint", "wp")],
+            &[],
+            &[("istio.io/use-waypoint-canary", "canary")],
+            &[("istio.io/use-waypoint-canary-weight", "20")],
+            &[80, 20],
+        ),
+        // The Service's weight over the Namespace's.
+        (
+            &[
+                ("istio.io/use-waypoint", "wp"),
+                ("istio.io/use-waypoint-canary", "canary"),
+            ],
+            &[("istio.io/use-waypoint-canary-weight", "10")],
+            &[],
+            &[("istio.io/use-waypoint-canary-weight", "20")],
+            &[90, 10],
+        ),
+        // An invalid weight leaves the primary alone.
+        (
+            &[
+                ("istio.io/use-waypoint", "wp"),
+                ("istio.io/use-waypoint-canary", "canary"),
+            ],
+            &[("istio.io/use-waypoint-canary-weight", "101")],
+            &[],
+            &[],
+            &[],
+        ),
+        // A canary that is not a ready waypoint too.
+        (
+            &[
+                ("istio.io/use-waypoint", "wp"),
+                ("istio.io/use-waypoint-canary", "missing"),
+            ],
+            &[],
+            &[],
+            &[],
+            &[],
+        ),
+    ];
+    for (svc_labels, svc_annotations, ns_labels, ns_annotations, weights) in table {
+        let mut index = index_of([
+            Object::Namespace(Namespace {
+                annotations: labels(ns_annotations),
+                ..ns_with(NS, ns_labels)
+            }),
+            Object::Gateway(ready_gateway(NS, "wp", "10.0.9.1")),
+            Object::Gateway(ready_gateway(NS, "canary", "10.0.9.2")),
+            Object::Service(Service {
+                labels: labels(svc_labels),
+                annotations: labels(svc_annotations),
+                ..svc(NS, "web", "10.96.0.10", &[("app", "web")])
+            }),
+        ]);
+        let service = service(&mut index, &skey(NS, "web"));
+        let got: Vec<u32> = service
+            .weighted_waypoints
+            .iter()
+            .map(|w| w.weight)
+            .collect();
+        assert_eq!(
+            &got, weights,
+            "{svc_labels:?} {svc_annotations:?} {ns_labels:?}"
+        );
+        if let [primary, canary] = &service.weighted_waypoints[..] {
+            assert_eq!(primary.destination, service.waypoint);
+            assert_ne!(canary.destination, primary.destination);
+        }
+        assert!(service.waypoint.is_some());
+    }
+}

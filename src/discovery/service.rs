@@ -5,7 +5,7 @@ use crate::discovery::index::Settings;
 use crate::discovery::model::{IpFamily, Labels, Protocol, Service, ServicePort, TargetPort};
 use crate::discovery::names::{ip_bytes, service_hostname};
 use crate::discovery::store::{Key, Store};
-use crate::discovery::waypoint::{self, Bind, USE_WAYPOINT_NAMESPACE};
+use crate::discovery::waypoint::{self, Bind};
 use crate::pb::workload::{
     self, AppProtocol, GatewayAddress, IpFamilies, LoadBalancing, NetworkAddress, Port,
     WeightedWaypoint,
@@ -178,9 +178,9 @@ fn ip_families(families: &[IpFamily]) -> IpFamilies {
 
 /// A service's waypoint, its weighted canary split, and `ingress_use_waypoint` (§1.2, §1.9).
 ///
-/// The canary (`istio.io/use-waypoint-canary[-namespace]` with weight annotation 0..=100) is
-/// used only when the primary resolved, the canary resolves, differs from it, and the weight is
-/// valid; otherwise the primary alone. `ingress_use_waypoint` is read from the Service, else its
+/// The canary (`istio.io/use-waypoint-canary[-namespace]` on the Service or its Namespace, with
+/// the weight annotation 0..=100, absent = 0) is used only when the primary resolved, the canary
+/// resolves, differs from it, and the weight is valid; otherwise the primary alone. `ingress_use_waypoint` is read from the Service, else its
 /// Namespace, and only when a waypoint resolved.
 pub fn waypoints(
     store: &Store,
@@ -224,16 +224,28 @@ fn canary(
     primary: &GatewayAddress,
     reads: &mut Vec<Key>,
 ) -> Option<(GatewayAddress, u32)> {
-    let name = labels.get(CANARY_LABEL)?;
-    let canary_namespace = labels
+    // The canary of the Service, else of its Namespace ("a service (or namespace)"), in the
+    // namespace its own label names, else the service's. The weight is the Service's
+    // annotation, else the Namespace's, else 0 (Istio: "Defaults to 0"); one that is not an
+    // integer 0..=100 leaves the primary alone.
+    let ns = store.namespaces.get(namespace);
+    let from = if labels.get(CANARY_LABEL).is_some() {
+        labels
+    } else {
+        &ns?.labels
+    };
+    let name = from.get(CANARY_LABEL)?;
+    let canary_namespace = from
         .get(CANARY_NAMESPACE_LABEL)
-        .or_else(|| labels.get(USE_WAYPOINT_NAMESPACE))
         .unwrap_or(namespace)
         .to_string();
-    let weight: u32 = annotations.get(CANARY_WEIGHT_ANNOTATION)?.parse().ok()?;
-    if weight > 100 {
-        return None;
-    }
+    let weight = match annotations
+        .get(CANARY_WEIGHT_ANNOTATION)
+        .or_else(|| ns?.annotations.get(CANARY_WEIGHT_ANNOTATION))
+    {
+        Some(text) => text.parse::<u32>().ok().filter(|w| *w <= 100)?,
+        None => 0,
+    };
     let key = (canary_namespace, name.to_string());
     let canary = waypoint::resolve_key(store, namespace, &key, Bind::Service, reads)?;
     (canary != *primary).then_some((canary, weight))
