@@ -431,9 +431,24 @@ async fn failures_are_retried_and_deleted_objects_skipped() {
             })
             .get()
     };
-    assert_eq!(count("Service", "error"), 2);
-    assert_eq!(count("Service", "written"), 1);
-    assert_eq!(count("Service", "gone"), 1);
+    // The counters move after the responses the fake sends (and the deleted object is a write
+    // of its own, which may finish after `svc`'s): wait for them, then check them exactly.
+    let counts = || {
+        (
+            count("Service", "error"),
+            count("Service", "written"),
+            count("Service", "gone"),
+        )
+    };
+    let deadline = std::time::Instant::now() + WAIT;
+    while counts() != (2, 1, 1) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "status write counters (error, written, gone) = {:?}, expected (2, 1, 1)",
+            counts()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     h.stop().await;
 }
 
