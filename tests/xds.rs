@@ -220,13 +220,7 @@ async fn an_on_demand_ztunnel_gets_its_node_workloads_with_its_first_lookup() {
     let running = start(mesh.root()).await;
     let mut client = on_demand(&running, "node-a").await;
     // The first lookup (of an address nothing has) brings the pods on node-a with it.
-    client
-        .send(DeltaDiscoveryRequest {
-            type_url: ADDRESS_TYPE.to_string(),
-            resource_names_subscribe: vec!["/192.0.2.1".into()],
-            ..Default::default()
-        })
-        .await;
+    client.look_up("/192.0.2.1").await;
     let answer = client.recv().await;
     assert_eq!(names(&answer), vec![DB_1, WEB_1, WEB_2]);
     assert_eq!(answer.removed_resources, vec!["/192.0.2.1"]);
@@ -241,13 +235,7 @@ async fn on_demand_ip_lookup_is_answered() {
     // `an_on_demand_ztunnel_gets_its_node_workloads_with_its_first_lookup`).
     let mut client = on_demand(&running, "node-z").await;
 
-    client
-        .send(DeltaDiscoveryRequest {
-            type_url: ADDRESS_TYPE.to_string(),
-            resource_names_subscribe: vec!["/10.244.1.20".into()],
-            ..Default::default()
-        })
-        .await;
+    client.look_up("/10.244.1.20").await;
     let answer = client.recv().await;
     assert_eq!(names(&answer), vec![DB_1]);
     // The demanded key itself is listed so that ztunnel's waiter (keyed by it) wakes.
@@ -255,25 +243,13 @@ async fn on_demand_ip_lookup_is_answered() {
     client.ack(&answer).await;
 
     // A VIP lookup returns the service and its member workloads.
-    client
-        .send(DeltaDiscoveryRequest {
-            type_url: ADDRESS_TYPE.to_string(),
-            resource_names_subscribe: vec!["/10.96.0.10".into()],
-            ..Default::default()
-        })
-        .await;
+    client.look_up("/10.96.0.10").await;
     let answer = client.recv().await;
     assert_eq!(names(&answer), vec![WEB_1, WEB_2, WEB_SVC]);
     client.ack(&answer).await;
 
     // An unknown key is answered as removed.
-    client
-        .send(DeltaDiscoveryRequest {
-            type_url: ADDRESS_TYPE.to_string(),
-            resource_names_subscribe: vec!["/192.0.2.1".into()],
-            ..Default::default()
-        })
-        .await;
+    client.look_up("/192.0.2.1").await;
     let answer = client.recv().await;
     assert!(answer.resources.is_empty());
     assert_eq!(answer.removed_resources, vec!["/192.0.2.1"]);

@@ -167,13 +167,7 @@ async fn a_node_scoped_ztunnel_gets_its_node_and_asks_for_the_rest() {
     client.ack(&update).await;
 
     // Anything else on demand, by IP: answered, and followed from then on.
-    client
-        .send(DeltaDiscoveryRequest {
-            type_url: ADDRESS_TYPE.to_string(),
-            resource_names_subscribe: vec!["/10.244.2.20".into()],
-            ..Default::default()
-        })
-        .await;
+    client.look_up("/10.244.2.20").await;
     let answer = client.recv().await;
     assert_eq!(names(&answer), vec![DB_B]);
     assert_eq!(answer.removed_resources, vec!["/10.244.2.20"]);

@@ -160,6 +160,16 @@ impl XdsClient {
         .await;
     }
 
+    /// An on-demand lookup, as ztunnel sends one: Address, `subscribe: [key]`, nothing else.
+    pub async fn look_up(&self, key: &str) {
+        self.send(DeltaDiscoveryRequest {
+            type_url: ADDRESS_TYPE.to_string(),
+            resource_names_subscribe: vec![key.to_string()],
+            ..Default::default()
+        })
+        .await;
+    }
+
     pub async fn send(&self, request: DeltaDiscoveryRequest) {
         self.requests
             .send(request)
