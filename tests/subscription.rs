@@ -341,7 +341,7 @@ fn streams_synced_to_the_same_snapshot_share_one_diff() {
     let shared = second.diff_from(TypeKind::Address, first.generation, || {
         panic!("the diff was computed again")
     });
-    assert_eq!(shared.upserted.len(), 1);
+    assert_eq!(shared.resources.len(), 1);
     // A stream synced elsewhere computes its own.
     let mut c = TypeState::new(TypeKind::Address, &request(&[], &[]));
     c.initial(&second);

@@ -273,11 +273,18 @@ pub struct Snapshot {
     pub(crate) diffs: Diffs,
 }
 
-/// What changed for one type between two snapshots: what to send and what to remove.
-#[derive(Debug, Default)]
+/// What changed for one type between two snapshots, as a stream sends it: the resources to
+/// send and the names to remove (`push::subscription::Delta`).
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Diff {
-    pub upserted: Vec<Arc<Resource>>,
-    pub removed: Vec<Name>,
+    pub resources: Vec<Arc<Resource>>,
+    pub removed: Vec<String>,
+}
+
+impl Diff {
+    pub fn is_empty(&self) -> bool {
+        self.resources.is_empty() && self.removed.is_empty()
+    }
 }
 
 /// The diffs a snapshot keeps: by type and earlier generation, the few most recent.

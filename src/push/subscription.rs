@@ -11,7 +11,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::discovery::names::TypeKind;
-use crate::discovery::snapshot::{Diff, Name, Resource, ResourceMap, Snapshot};
+use crate::discovery::snapshot::{Name, Resource, ResourceMap, Snapshot};
 use crate::pb::xds::DeltaDiscoveryRequest;
 use crate::push::known::KnownVersions;
 
@@ -156,18 +156,9 @@ impl InFlight {
     }
 }
 
-/// Resources to send and names to remove, for one response.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Delta {
-    pub resources: Vec<Arc<Resource>>,
-    pub removed: Vec<String>,
-}
-
-impl Delta {
-    pub fn is_empty(&self) -> bool {
-        self.resources.is_empty() && self.removed.is_empty()
-    }
-}
+/// Resources to send and names to remove, for one response: a [`Diff`], which a snapshot can
+/// keep and share between streams.
+pub use crate::discovery::snapshot::Diff as Delta;
 
 /// One type's state on one connection.
 #[derive(Clone, Debug)]
@@ -351,21 +342,15 @@ impl TypeState {
             Some(changed) => {
                 // The names changed since `synced`, all from the history: the same for every
                 // stream synced to that snapshot, so the diff is computed once and shared.
-                let diff = snapshot.diff_from(self.kind, synced.generation, || {
+                let shared = snapshot.diff_from(self.kind, synced.generation, || {
                     let mut delta = Delta::default();
                     for name in &changed {
                         diff_one(name, old, resources, &mut delta);
                     }
                     with_members(snapshot, &mut delta, |_| true);
-                    Diff {
-                        upserted: delta.resources,
-                        removed: delta.removed.into_iter().map(Name::from).collect(),
-                    }
+                    delta
                 });
-                Delta {
-                    resources: diff.upserted.clone(),
-                    removed: diff.removed.iter().map(|n| n.to_string()).collect(),
-                }
+                Delta::clone(&shared)
             }
             None => {
                 // Fell behind the history: compare the two snapshots, skipping the parts of
