@@ -67,14 +67,10 @@ pub struct ServeArgs {
     )]
     pub discovery_selectors: Vec<crate::kube::cluster::LabelSelector>,
 
-    /// Mesh config file (istiod's `mesh`): its `discoverySelectors` are applied, and its
-    /// `rootNamespace` and `trustDomain` unless the flags give them.
-    #[arg(
-        long,
-        env = "AMBIENTD_MESH_CONFIG",
-        value_name = "FILE",
-        conflicts_with = "manifests"
-    )]
+    /// Mesh config file (istiod's `mesh`): its `discoverySelectors` are applied (cluster mode
+    /// only), its `serviceEntryVisibility`, and its `rootNamespace` and `trustDomain` unless the
+    /// flags give them.
+    #[arg(long, env = "AMBIENTD_MESH_CONFIG", value_name = "FILE")]
     pub mesh_config: Option<PathBuf>,
 
     /// Plaintext delta xDS listener (unauthenticated: for trusted networks only).
@@ -424,7 +420,18 @@ impl TryFrom<ServeArgs> for Config {
             None => None,
         };
         let source = match &args.manifests {
-            Some(dir) => Source::Manifests(dir.clone()),
+            Some(dir) => {
+                if mesh
+                    .as_ref()
+                    .is_some_and(|m| !m.discovery_selectors.is_empty())
+                {
+                    tracing::warn!(
+                        "the mesh config's discoverySelectors apply to a cluster only: a \
+                         manifests directory is read whole"
+                    );
+                }
+                Source::Manifests(dir.clone())
+            }
             None => Source::Cluster(cluster_source(&args, mesh.as_ref())?),
         };
         let trust_domain = args
@@ -455,6 +462,9 @@ impl TryFrom<ServeArgs> for Config {
                 system_namespace: args.system_namespace,
                 root_namespace,
                 revision: args.revision,
+                service_entry_visibility: mesh
+                    .and_then(|m| m.service_entry_visibility)
+                    .map(std::sync::Arc::new),
             },
             log_filter: None,
             debounce: crate::push::Debounce {
@@ -543,6 +553,41 @@ mod tests {
         let error = Config::try_from(parse(&["--mesh-config", bad.to_str().unwrap()]).unwrap())
             .unwrap_err();
         assert!(error.contains("trustDomain"), "{error}");
+    }
+
+    #[test]
+    fn service_entry_visibility_comes_from_the_mesh_config_in_either_mode() {
+        use crate::discovery::visibility::Visibility;
+        let dir = tempfile::tempdir().unwrap();
+        let mesh = dir.path().join("mesh");
+        std::fs::write(
+            &mesh,
+            "serviceEntryVisibility:\n  defaultVisibility: NAMESPACE\n  policies:\n  \
+             - visibility: PUBLIC\n    matchingRules:\n    - namespaceSelector:\n        \
+             matchLabels: {kubernetes.io/metadata.name: istio-system}\n",
+        )
+        .unwrap();
+        let mesh = mesh.to_str().unwrap();
+        let config =
+            Config::try_from(parse(&["--manifests", "x", "--mesh-config", mesh]).unwrap()).unwrap();
+        let visibility = config.settings.service_entry_visibility.unwrap();
+        assert_eq!(visibility.default, Visibility::Namespace);
+        assert_eq!(visibility.policies.len(), 1);
+        let config = Config::try_from(parse(&["--manifests", "x"]).unwrap()).unwrap();
+        assert!(config.settings.service_entry_visibility.is_none());
+        // An unknown visibility is an error that names the field.
+        std::fs::write(
+            dir.path().join("bad"),
+            "serviceEntryVisibility: {policies: [{visibility: PRIVATE}]}\n",
+        )
+        .unwrap();
+        let bad = dir.path().join("bad");
+        let error = Config::try_from(parse(&["--mesh-config", bad.to_str().unwrap()]).unwrap())
+            .unwrap_err();
+        assert!(
+            error.contains("serviceEntryVisibility.policies[0].visibility"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -661,6 +661,48 @@ fn discovery_selectors_become_a_mesh_config_ambientd_reads() {
 }
 
 #[test]
+fn service_entry_visibility_joins_the_mesh_config() {
+    use ambientd::discovery::visibility::Visibility;
+    let Some(helm) = engine() else { return };
+    let visibility = json!({
+        "defaultVisibility": "NAMESPACE",
+        "policies": [{
+            "visibility": "PUBLIC",
+            "matchingRules": [{"namespaceSelector": {
+                "matchLabels": {"kubernetes.io/metadata.name": "istio-system"}
+            }}],
+        }],
+    });
+    for values in [
+        json!({"serviceEntryVisibility": visibility}),
+        json!({
+            "serviceEntryVisibility": visibility,
+            "discoverySelectors": [{"matchLabels": {"istio-discovery": "enabled"}}],
+        }),
+    ] {
+        let rendered = helm.render(values.clone(), NS);
+        assert_eq!(rendered.config_maps().len(), 1, "{values}");
+        assert_eq!(rendered.flag("--mesh-config").len(), 1, "{values}");
+        let config = parse_args(&rendered);
+        let read = config
+            .settings
+            .service_entry_visibility
+            .unwrap_or_else(|| panic!("{values}: not read"));
+        assert_eq!(read.default, Visibility::Namespace);
+        assert_eq!(read.policies.len(), 1);
+        assert_eq!(read.policies[0].visibility, Visibility::Public);
+        let ambientd::config::Source::Cluster(cluster) = config.source else {
+            panic!("the chart serves a cluster")
+        };
+        let selectors = values.get("discoverySelectors").map_or(0, |_| 1);
+        assert_eq!(cluster.discovery_selectors.0.len(), selectors, "{values}");
+    }
+    // The schema refuses a visibility istiod does not know.
+    let bad = json!({"serviceEntryVisibility": {"defaultVisibility": "PRIVATE"}});
+    assert!(helm.render_text(&bad, NS, false).is_err());
+}
+
+#[test]
 fn every_flag_the_chart_passes_is_in_the_readme() {
     let Some(helm) = engine() else { return };
     let readme =

@@ -144,14 +144,42 @@ fn print_details(outcome: &Outcome) {
     }
 }
 
+/// ambientd's own cases (`tests/fixtures/derived.yaml`), all of which must pass.
+#[test]
+fn derived_cases() {
+    let cases = fixture::load_text(fixture::DERIVED).expect("the derived fixture parses");
+    assert!(!cases.is_empty());
+    let failed: Vec<Outcome> = cases
+        .iter()
+        .map(runner::run)
+        .filter(|o| !o.passed())
+        .collect();
+    for outcome in &failed {
+        println!("FAIL       {}", outcome.name);
+        print_details(outcome);
+    }
+    let names: Vec<&str> = failed.iter().map(|o| o.name.as_str()).collect();
+    assert!(
+        failed.is_empty(),
+        "derived case(s) failed: {}",
+        names.join(", ")
+    );
+}
+
 /// The fixture parses with no unknown keys, names are unique kebab-case ids, every case expects
 /// something, and KNOWN_GAPS names only real cases, once each, with a reason.
 #[test]
 fn fixture_is_well_formed_and_known_gaps_name_real_cases() {
     let cases = fixture::load().expect("the conformance fixture parses");
     assert!(!cases.is_empty());
+    let derived = fixture::load_text(fixture::DERIVED).expect("the derived fixture parses");
+    assert!(
+        derived
+            .iter()
+            .all(|c| c.derived && c.derived_from.is_some())
+    );
     let mut names = BTreeSet::new();
-    for case in &cases {
+    for case in cases.iter().chain(&derived) {
         assert!(
             names.insert(case.name.as_str()),
             "duplicate case {}",

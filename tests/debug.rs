@@ -258,6 +258,8 @@ async fn connections_adsz_and_ambientz_have_their_shapes() {
     assert_eq!(reviews["kind"], "Service");
     assert_eq!(reviews["status"]["type"], "istio.io/WaypointBound");
     assert_eq!(reviews["status"]["reason"], "WaypointAccepted");
+    // No meshConfig.serviceEntryVisibility here: no VisibilityApplied condition.
+    assert_eq!(mesh["visibilityApplied"], serde_json::json!([]));
     // The waypoint policy is not sent, yet listed with its status.
     let waypoint = policies.iter().find(|p| p["name"] == "reviews-get-only");
     assert!(waypoint.is_none_or(|p| p["sent"] == false));

@@ -85,6 +85,7 @@ fn namespace_object() -> impl Strategy<Value = Object> {
             ("istio.io/use-waypoint", &["wp", "none"]),
             ("topology.istio.io/network", &["n1", "n2"]),
             ("team", &["x"]),
+            ("tier", &["untrusted"]),
         ]),
         some_labels(&[("networking.istio.io/traffic-distribution", &["PreferClose"])]),
     )
@@ -475,9 +476,32 @@ fn of_kind(objects: &BTreeMap<ObjectRef, Object>, kind: Kind) -> Vec<Object> {
         .collect()
 }
 
+/// The index settings: the defaults, or with meshConfig.serviceEntryVisibility configured so
+/// that Namespace labels decide ServiceEntry visibility (`team: x` NAMESPACE, `tier:
+/// untrusted` NONE, else PUBLIC).
+fn settings(visibility: bool) -> Settings {
+    use ambientd::discovery::visibility::{ServiceEntryVisibility, Visibility, VisibilityPolicy};
+    let policy = |visibility, key: &str, value: &str| VisibilityPolicy {
+        visibility,
+        rules: vec![NamespaceSelector::labels(labels(&[(key, value)]))],
+    };
+    Settings {
+        service_entry_visibility: visibility.then(|| {
+            std::sync::Arc::new(ServiceEntryVisibility {
+                default: Visibility::Public,
+                policies: vec![
+                    policy(Visibility::None, "tier", "untrusted"),
+                    policy(Visibility::Namespace, "team", "x"),
+                ],
+            })
+        }),
+        ..Settings::default()
+    }
+}
+
 /// An index built from nothing with `objects`, applying kinds in `order`.
-fn cold(objects: &BTreeMap<ObjectRef, Object>, order: &[Kind]) -> Index {
-    let mut index = Index::new(Settings::default());
+fn cold(objects: &BTreeMap<ObjectRef, Object>, order: &[Kind], visibility: bool) -> Index {
+    let mut index = Index::new(settings(visibility));
     for kind in order {
         for object in of_kind(objects, *kind) {
             index.apply(object);
@@ -560,8 +584,11 @@ proptest! {
     /// of every kind with the objects that exist changes nothing, and the index equals a cold
     /// build of those objects.
     #[test]
-    fn incremental_steps_then_relist_equal_a_cold_build(steps in steps()) {
-        let mut index = Index::new(Settings::default());
+    fn incremental_steps_then_relist_equal_a_cold_build(
+        steps in steps(),
+        visibility in any::<bool>(),
+    ) {
+        let mut index = Index::new(settings(visibility));
         let mut before = index.snapshot();
         for (i, step) in steps.iter().enumerate() {
             let changes = run(&mut index, step);
@@ -583,7 +610,7 @@ proptest! {
             prop_assert!(changes.is_empty(), "relist of {} changed {:?}", kind, changes);
         }
         let warm = index.snapshot();
-        let cold = cold(&objects, &Kind::ALL).snapshot();
+        let cold = cold(&objects, &Kind::ALL, visibility).snapshot();
         prop_assert_eq!(observed(&warm), observed(&cold));
     }
 
@@ -594,8 +621,9 @@ proptest! {
     fn relist_after_missed_events_equals_a_cold_build(
         steps in steps(),
         relisted in object_set(),
+        visibility in any::<bool>(),
     ) {
-        let mut index = Index::new(Settings::default());
+        let mut index = Index::new(settings(visibility));
         for step in &steps {
             run(&mut index, step);
         }
@@ -614,18 +642,21 @@ proptest! {
         );
         prop_assert!(upserted.is_subset(&changes.authorizations.upserted), "{:?}", changes);
         prop_assert!(removed.is_subset(&changes.authorizations.removed), "{:?}", changes);
-        let cold = cold(&relisted, &Kind::ALL).snapshot();
+        let cold = cold(&relisted, &Kind::ALL, visibility).snapshot();
         prop_assert_eq!(observed(&warm), observed(&cold));
     }
 
     /// The result does not depend on the order kinds arrive in (contents before containers,
     /// as a cold start with watches racing each other may deliver them).
     #[test]
-    fn cold_build_is_independent_of_kind_order(objects in object_set()) {
+    fn cold_build_is_independent_of_kind_order(
+        objects in object_set(),
+        visibility in any::<bool>(),
+    ) {
         let mut reversed = Kind::ALL;
         reversed.reverse();
-        let forward = cold(&objects, &Kind::ALL).snapshot();
-        let backward = cold(&objects, &reversed).snapshot();
+        let forward = cold(&objects, &Kind::ALL, visibility).snapshot();
+        let backward = cold(&objects, &reversed, visibility).snapshot();
         prop_assert_eq!(observed(&forward), observed(&backward));
     }
 }

@@ -519,3 +519,75 @@ async fn a_large_response_is_split_under_the_limit() {
         .unwrap();
     running.stop().await;
 }
+
+/// `--mesh-config` with `serviceEntryVisibility`, read as the CLI reads it, reaches what ztunnel
+/// is sent: a NAMESPACE entry is marked and not canonical, a NONE entry (and its endpoint) is
+/// not sent at all, and relabelling its namespace publishes it.
+#[tokio::test]
+async fn service_entry_visibility_from_the_mesh_config_shapes_what_is_sent() {
+    use ambientd::config::{Cli, Command, Config};
+    use clap::Parser;
+    let entry = |namespace: &str, endpoint: &str| {
+        format!(
+            "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\n\
+             metadata: {{name: api, namespace: {namespace}}}\n\
+             spec:\n  hosts: [api.example.com]\n  addresses: [240.0.0.1]\n  \
+             ports: [{{number: 80, name: http, protocol: HTTP}}]\n  resolution: STATIC\n  \
+             endpoints: [{{address: {endpoint}}}]\n"
+        )
+    };
+    let namespaces = "apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a}\n---\n\
+                      apiVersion: v1\nkind: Namespace\nmetadata: {name: sandbox, labels: {tier: untrusted}}\n";
+    let manifests = Manifests::new(&[
+        ("namespaces.yaml", namespaces),
+        ("team-a.yaml", &entry("team-a", "10.1.0.1")),
+        ("sandbox.yaml", &entry("sandbox", "10.3.0.1")),
+    ]);
+    let mesh_dir = tempfile::tempdir().unwrap();
+    let mesh_file = mesh_dir.path().join("mesh");
+    std::fs::write(
+        &mesh_file,
+        "serviceEntryVisibility:\n  defaultVisibility: NAMESPACE\n  policies:\n  \
+         - visibility: NONE\n    matchingRules:\n    - namespaceSelector: {matchLabels: {tier: untrusted}}\n",
+    )
+    .unwrap();
+    let cli = Cli::try_parse_from([
+        "ambientd",
+        "serve",
+        "--manifests",
+        manifests.root().to_str().unwrap(),
+        "--mesh-config",
+        mesh_file.to_str().unwrap(),
+    ])
+    .unwrap();
+    let Command::Serve(args) = cli.command else {
+        panic!("not serve")
+    };
+    let parsed = Config::try_from(*args).unwrap();
+    let config = Config {
+        settings: parsed.settings,
+        ..Config::local(manifests.root())
+    };
+    let running = ambientd::app::start(config).await.expect("start ambientd");
+    let mut client = XdsClient::connect(&running).await;
+    client.subscribe_wildcard(BTreeMap::new()).await;
+    let (first, _) = client.initial_sync().await;
+    let sent = addresses(&first);
+    let team_a = service(&sent["team-a/api.example.com"]);
+    assert_eq!((team_a.visibility, team_a.canonical), (1, false));
+    assert!(sent.contains_key("Kubernetes/networking.istio.io/ServiceEntry/team-a/api/10.1.0.1"));
+    assert!(!sent.contains_key("sandbox/api.example.com"));
+    assert!(!sent.contains_key("Kubernetes/networking.istio.io/ServiceEntry/sandbox/api/10.3.0.1"));
+    client.ack(&first).await;
+
+    // The sandbox is trusted again: its entry and endpoint arrive, NAMESPACE like the other.
+    manifests.write(
+        "namespaces.yaml",
+        &namespaces.replace(", labels: {tier: untrusted}", ""),
+    );
+    let pushed = client.recv().await;
+    let sent = addresses(&pushed);
+    assert_eq!(service(&sent["sandbox/api.example.com"]).visibility, 1);
+    assert!(sent.contains_key("Kubernetes/networking.istio.io/ServiceEntry/sandbox/api/10.3.0.1"));
+    running.stop().await;
+}

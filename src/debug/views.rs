@@ -318,25 +318,34 @@ pub async fn ambientz(
             policies.push(value);
         }
     }
-    // The WaypointBound condition of Services, ServiceEntries and WorkloadEntries.
-    let mut bound: Vec<(&StatusTarget, &StatusCondition)> = snapshot
-        .statuses
-        .iter()
-        .filter(|(target, _)| target.kind != StatusKind::AuthorizationPolicy)
-        .filter_map(|(target, desired)| Some((target, desired.condition.as_ref()?)))
-        .collect();
-    bound.sort_by(|a, b| a.0.cmp(b.0));
-    let conditions: Vec<Value> = bound
-        .into_iter()
-        .map(|(target, condition)| {
-            json!({"kind": target.kind.as_str(), "namespace": target.namespace, "name": target.name,
-                   "status": status_json(condition)})
-        })
-        .filter(|v| wanted(v))
-        .collect();
+    // The WaypointBound condition of Services, ServiceEntries and WorkloadEntries, and the
+    // VisibilityApplied condition of ServiceEntries.
+    let conditions = |kinds: &[StatusKind]| -> Vec<Value> {
+        let mut held: Vec<(&StatusTarget, &StatusCondition)> = snapshot
+            .statuses
+            .iter()
+            .filter(|(target, _)| kinds.contains(&target.kind))
+            .filter_map(|(target, desired)| Some((target, desired.condition.as_ref()?)))
+            .collect();
+        held.sort_by(|a, b| a.0.cmp(b.0));
+        held.into_iter()
+            .map(|(target, condition)| {
+                json!({"kind": target.kind.as_str(), "namespace": target.namespace,
+                       "name": target.name, "status": status_json(condition)})
+            })
+            .filter(|v| wanted(v))
+            .collect()
+    };
+    let bound = conditions(&[
+        StatusKind::Service,
+        StatusKind::ServiceEntry,
+        StatusKind::WorkloadEntry,
+    ]);
+    let visibility = conditions(&[StatusKind::ServiceEntryVisibility]);
     Json(
         json!({"workloads": workloads, "services": services, "policies": policies,
-                "waypointBound": conditions, "generation": snapshot.generation}),
+                "waypointBound": bound, "visibilityApplied": visibility,
+                "generation": snapshot.generation}),
     )
     .into_response()
 }

@@ -26,6 +26,7 @@ pub mod status;
 pub mod store;
 pub mod trie;
 pub mod uid;
+pub mod visibility;
 pub mod waypoint;
 pub mod workload;
 

@@ -31,8 +31,14 @@ pub fn build(
     }
     let network = store.network(settings);
     let namespace_annotations = store.namespaces.get(&svc.namespace).map(|n| &n.annotations);
-    let (waypoint, weighted_waypoints, ingress_use_waypoint) =
-        waypoints(store, &svc.namespace, &svc.labels, &svc.annotations, reads);
+    let (waypoint, weighted_waypoints, ingress_use_waypoint) = waypoints(
+        store,
+        &svc.namespace,
+        &svc.labels,
+        &svc.annotations,
+        false,
+        reads,
+    );
     Some(workload::Service {
         name: svc.name.clone(),
         namespace: svc.namespace.clone(),
@@ -180,22 +186,28 @@ fn ip_families(families: &[IpFamily]) -> IpFamilies {
 ///
 /// The canary (`istio.io/use-waypoint-canary[-namespace]` on the Service or its Namespace, with
 /// the weight annotation 0..=100, absent = 0) is used only when the primary resolved, the canary
-/// resolves, differs from it, and the weight is valid; otherwise the primary alone. `ingress_use_waypoint` is read from the Service, else its
-/// Namespace, and only when a waypoint resolved.
+/// resolves, differs from it, and the weight is valid; otherwise the primary alone.
+/// `ingress_use_waypoint` is read from the Service, else its Namespace, and only when a waypoint
+/// resolved. `local_only` (a ServiceEntry of NAMESPACE visibility) refuses a primary or a
+/// canary in another namespace.
 pub fn waypoints(
     store: &Store,
     namespace: &str,
     labels: &Labels,
     annotations: &Labels,
+    local_only: bool,
     reads: &mut Vec<Key>,
 ) -> (Option<GatewayAddress>, Vec<WeightedWaypoint>, bool) {
     if waypoint::never_uses_waypoint(labels) {
         return (None, Vec::new(), false);
     }
-    let Some(primary) = waypoint::resolve(store, namespace, labels, Bind::Service, reads) else {
+    let binding = waypoint::service_binding(store, namespace, labels, local_only, reads);
+    let Some(primary) = binding.into_address() else {
         return (None, Vec::new(), false);
     };
     let weighted = canary(store, namespace, labels, annotations, &primary, reads)
+        .filter(|(key, ..)| !local_only || key.0 == namespace)
+        .map(|(_, canary, weight)| (canary, weight))
         .map(|(canary, weight)| {
             vec![
                 WeightedWaypoint {
@@ -223,7 +235,7 @@ fn canary(
     annotations: &Labels,
     primary: &GatewayAddress,
     reads: &mut Vec<Key>,
-) -> Option<(GatewayAddress, u32)> {
+) -> Option<(Key, GatewayAddress, u32)> {
     // The canary of the Service, else of its Namespace ("a service (or namespace)"), in the
     // namespace its own label names, else the service's. The weight is the Service's
     // annotation, else the Namespace's, else 0 (Istio: "Defaults to 0"); one that is not an
@@ -248,7 +260,7 @@ fn canary(
     };
     let key = (canary_namespace, name.to_string());
     let canary = waypoint::resolve_key(store, namespace, &key, Bind::Service, reads)?;
-    (canary != *primary).then_some((canary, weight))
+    (canary != *primary).then_some((key, canary, weight))
 }
 
 /// Go's `strconv.ParseBool` truths.

@@ -8,6 +8,7 @@ use crate::discovery::model::{Resolution, ServiceEntry};
 use crate::discovery::names::ip_bytes;
 use crate::discovery::service::{self, distribution_from_annotation};
 use crate::discovery::store::{Key, Store};
+use crate::discovery::visibility::Visibility;
 use crate::pb::workload::{
     self, AppProtocol, LoadBalancing, NetworkAddress, Port,
     load_balancing::{HealthPolicy, Mode},
@@ -16,7 +17,9 @@ use crate::pb::workload::{
 const AUTOALLOCATE_LABEL: &str = "networking.istio.io/enable-autoallocate-ip";
 
 /// The Services a ServiceEntry publishes (hosts it lost to an older entry are skipped). An
-/// address that is neither an IP nor a CIDR drops them all, as istiod does.
+/// address that is neither an IP nor a CIDR drops them all, as istiod does. Its visibility
+/// (meshConfig.serviceEntryVisibility) marks them, and NAMESPACE keeps their waypoints in the
+/// namespace; NONE publishes nothing (the entry wins no host).
 pub fn build(
     settings: &Settings,
     store: &Store,
@@ -48,6 +51,8 @@ pub fn build(
             app_protocol: app_protocol(&p.protocol) as i32,
         })
         .collect();
+    let visibility = store.entry_visibility(&se.namespace).unwrap_or_default();
+    let local_only = visibility == Visibility::Namespace;
     let auto_allocate = se.addresses.is_empty()
         && se.resolution != Resolution::None
         && !se.labels.get(AUTOALLOCATE_LABEL).is_some_and(is_false);
@@ -70,8 +75,14 @@ pub fn build(
             } else {
                 explicit.clone()
             };
-            let (waypoint, weighted_waypoints, ingress_use_waypoint) =
-                service::waypoints(store, &se.namespace, &se.labels, &se.annotations, reads);
+            let (waypoint, weighted_waypoints, ingress_use_waypoint) = service::waypoints(
+                store,
+                &se.namespace,
+                &se.labels,
+                &se.annotations,
+                local_only,
+                reads,
+            );
             workload::Service {
                 name: se.name.clone(),
                 namespace: se.namespace.clone(),
@@ -84,6 +95,7 @@ pub fn build(
                 weighted_waypoints,
                 ingress_use_waypoint,
                 canonical: store.is_canonical(&se.namespace, host),
+                visibility: visibility.wire(),
                 ..Default::default()
             }
         })

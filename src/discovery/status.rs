@@ -11,12 +11,16 @@
 use crate::discovery::model::Labels;
 use crate::discovery::service::{INGRESS_USE_WAYPOINT, parse_bool};
 use crate::discovery::store::{Key, Store};
+use crate::discovery::visibility::Visibility;
 use crate::discovery::waypoint::{self, Bind, BindError, Binding};
 
 /// The condition type istiod writes on Services, ServiceEntries (and here WorkloadEntries).
 pub const WAYPOINT_BOUND: &str = "istio.io/WaypointBound";
 /// The reason of a true `WaypointBound`.
 pub const WAYPOINT_ACCEPTED: &str = "WaypointAccepted";
+/// The condition type naming a ServiceEntry's resolved visibility, when
+/// meshConfig.serviceEntryVisibility is configured.
+pub const VISIBILITY_APPLIED: &str = "istio.io/VisibilityApplied";
 
 /// One condition as istiod computes it: type, status, reason and message.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,37 +33,44 @@ pub struct StatusCondition {
     pub message: String,
 }
 
-/// The kinds of object ambientd writes a condition on.
+/// The conditions ambientd writes: each is one condition type on the objects of one kind,
+/// kept and written independently of the others (a ServiceEntry can carry two).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum StatusKind {
     AuthorizationPolicy,
     Service,
     ServiceEntry,
     WorkloadEntry,
+    /// `istio.io/VisibilityApplied` on a ServiceEntry.
+    ServiceEntryVisibility,
 }
 
 impl StatusKind {
-    pub const ALL: [StatusKind; 4] = [
+    pub const ALL: [StatusKind; 5] = [
         StatusKind::AuthorizationPolicy,
         StatusKind::Service,
         StatusKind::ServiceEntry,
         StatusKind::WorkloadEntry,
+        StatusKind::ServiceEntryVisibility,
     ];
 
-    /// The one condition type ambientd owns on objects of this kind.
+    /// The condition type this one is.
     pub fn condition_type(self) -> &'static str {
         match self {
             StatusKind::AuthorizationPolicy => crate::discovery::authorization::ZTUNNEL_ACCEPTED,
-            _ => WAYPOINT_BOUND,
+            StatusKind::ServiceEntryVisibility => VISIBILITY_APPLIED,
+            StatusKind::Service | StatusKind::ServiceEntry | StatusKind::WorkloadEntry => {
+                WAYPOINT_BOUND
+            }
         }
     }
 
-    /// The Kubernetes kind name.
+    /// The Kubernetes kind name of the object that carries it.
     pub fn as_str(self) -> &'static str {
         match self {
             StatusKind::AuthorizationPolicy => "AuthorizationPolicy",
             StatusKind::Service => "Service",
-            StatusKind::ServiceEntry => "ServiceEntry",
+            StatusKind::ServiceEntry | StatusKind::ServiceEntryVisibility => "ServiceEntry",
             StatusKind::WorkloadEntry => "WorkloadEntry",
         }
     }
@@ -100,22 +111,44 @@ pub struct DesiredStatus {
 
 /// `istio.io/WaypointBound` of a Service or ServiceEntry with these labels: true naming the
 /// waypoint (and how ingress uses it), false with the reason a requested waypoint is not used,
-/// none when no waypoint is asked for. Waypoints consulted are pushed to `reads`.
+/// none when no waypoint is asked for. Waypoints consulted are pushed to `reads`. `local_only`:
+/// a ServiceEntry of NAMESPACE visibility, refused a waypoint of another namespace.
 pub fn service_waypoint_bound(
     store: &Store,
     namespace: &str,
     labels: &Labels,
+    local_only: bool,
     reads: &mut Vec<Key>,
 ) -> Option<StatusCondition> {
     if waypoint::never_uses_waypoint(labels) {
         return None;
     }
-    let binding = waypoint::binding(store, namespace, labels, Bind::Service, reads);
+    let binding = waypoint::service_binding(store, namespace, labels, local_only, reads);
     let ingress = labels
         .get(INGRESS_USE_WAYPOINT)
         .or_else(|| store.namespace_labels(namespace)?.get(INGRESS_USE_WAYPOINT))
         .map(parse_bool);
     waypoint_bound(&binding, ingress)
+}
+
+/// `istio.io/VisibilityApplied` of a ServiceEntry in `namespace`: true, with the resolved
+/// visibility as the reason (`Public` or `Namespace`), when meshConfig.serviceEntryVisibility
+/// is configured. None otherwise, and none for visibility NONE (istiod publishes nothing for
+/// such an entry, so it has no status to report: Istio documents this as a known limitation).
+pub fn visibility_applied(store: &Store, namespace: &str) -> Option<StatusCondition> {
+    let visibility = store.entry_visibility(namespace)?;
+    if visibility == Visibility::None {
+        return None;
+    }
+    Some(StatusCondition {
+        condition_type: VISIBILITY_APPLIED,
+        status: true,
+        reason: visibility.as_reason().to_string(),
+        message: format!(
+            "ServiceEntry visibility resolved to {} by meshConfig.serviceEntryVisibility",
+            visibility.as_reason()
+        ),
+    })
 }
 
 /// `istio.io/WaypointBound` of a WorkloadEntry: as for a service, with workload traffic (a
@@ -157,6 +190,15 @@ pub fn waypoint_bound(binding: &Binding, ingress: Option<bool>) -> Option<Status
             "AttachmentDenied",
             format!(
                 "we are not permitted to attach to waypoint {:?} (missing allowedRoutes?)",
+                resource_name(key)
+            ),
+        ),
+        Binding::Failed(BindError::CrossNamespaceForbidden(key)) => (
+            false,
+            "CrossNamespaceWaypointForbidden",
+            format!(
+                "cannot bind to waypoint {:?} in another namespace: cross-namespace waypoint \
+                 binding is not permitted for a ServiceEntry with NAMESPACE visibility",
                 resource_name(key)
             ),
         ),

@@ -7,6 +7,7 @@
 use std::borrow::Borrow;
 use std::collections::BTreeSet;
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 use foldhash::{HashMap, HashSet};
 
@@ -17,6 +18,7 @@ use crate::discovery::model::{
     ObjectRef, PeerAuthentication, Pod, Service, ServiceEntry, WorkloadEntry,
 };
 use crate::discovery::names::service_hostname;
+use crate::discovery::visibility::{ServiceEntryVisibility, Visibility};
 use crate::discovery::waypoint::Waypoint;
 
 /// The label on the system namespace that names the local network.
@@ -70,6 +72,8 @@ pub struct Store {
     /// entry is that label: a workload finds the few candidates that may select it by its own
     /// labels instead of scanning every service in its namespace.
     selectors: HashMap<String, HashMap<String, HashMap<String, SmallSet<ServiceRef>>>>,
+    /// meshConfig.serviceEntryVisibility (the index's settings); `None`: not configured.
+    pub visibility: Option<Arc<ServiceEntryVisibility>>,
 }
 
 fn key(namespace: &str, name: &str) -> Key {
@@ -77,6 +81,14 @@ fn key(namespace: &str, name: &str) -> Key {
 }
 
 impl Store {
+    /// An empty store under meshConfig.serviceEntryVisibility (`None`: not configured).
+    pub fn with_visibility(visibility: Option<Arc<ServiceEntryVisibility>>) -> Self {
+        Store {
+            visibility,
+            ..Store::default()
+        }
+    }
+
     /// The local network: the system namespace's `topology.istio.io/network` label, or `""`.
     pub fn network(&self, settings: &Settings) -> &str {
         self.namespaces
@@ -212,20 +224,36 @@ impl Store {
         }
     }
 
+    /// The visibility of the ServiceEntries of `namespace` (meshConfig.serviceEntryVisibility,
+    /// from the namespace's labels): `None` when the feature is not configured.
+    pub fn entry_visibility(&self, namespace: &str) -> Option<Visibility> {
+        let config = self.visibility.as_ref()?;
+        Some(config.resolve(self.namespace_labels(namespace)))
+    }
+
+    /// Whether the entries of `namespace` may be seen only there: NAMESPACE visibility.
+    pub fn entries_namespace_local(&self, namespace: &str) -> bool {
+        self.entry_visibility(namespace) == Some(Visibility::Namespace)
+    }
+
     /// Which object publishes `namespace/hostname`: a Kubernetes Service always wins; otherwise
-    /// the oldest ServiceEntry (creation time, then name). Losers publish nothing.
+    /// the oldest ServiceEntry (creation time, then name). Losers publish nothing. A
+    /// ServiceEntry of visibility NONE publishes nothing and takes no part.
     pub fn slot_winner(&self, namespace: &str, hostname: &str) -> Option<ServiceRef> {
         let claimants = self.hostnames.get(hostname)?;
+        let hidden = self.entry_visibility(namespace) == Some(Visibility::None);
         claimants
             .iter()
             .filter(|(ns, _)| ns == namespace)
             .map(|(_, r)| r)
+            .filter(|r| !(hidden && matches!(r, ServiceRef::Entry(_))))
             .min_by_key(|r| self.precedence(r))
             .cloned()
     }
 
     /// Whether the winner of `namespace/hostname` is the canonical one across namespaces: the
-    /// Kubernetes Service if there is one, else the oldest ServiceEntry winner.
+    /// Kubernetes Service if there is one, else the oldest ServiceEntry winner of PUBLIC
+    /// visibility (a NAMESPACE one never is).
     pub fn is_canonical(&self, namespace: &str, hostname: &str) -> bool {
         let Some(claimants) = self.hostnames.get(hostname) else {
             return false;
@@ -234,6 +262,9 @@ impl Store {
         let best = namespaces
             .into_iter()
             .filter_map(|ns| self.slot_winner(ns, hostname).map(|w| (ns, w)))
+            .filter(|(ns, w)| {
+                !(matches!(w, ServiceRef::Entry(_)) && self.entries_namespace_local(ns))
+            })
             .min_by_key(|(ns, w)| (self.precedence(w), (*ns).clone()));
         best.is_some_and(|(ns, _)| ns == namespace)
     }

@@ -211,6 +211,8 @@ pub enum BindError {
     AttachmentDenied(Key),
     /// The waypoint does not take this kind of traffic (`istio.io/waypoint-for`).
     UnsupportedTrafficType(Key, Bind),
+    /// A ServiceEntry of NAMESPACE visibility asked for a waypoint of another namespace.
+    CrossNamespaceForbidden(Key),
 }
 
 /// The waypoint side of a workload (Pod, WorkloadEntry, ServiceEntry endpoint), as istiod's
@@ -247,6 +249,25 @@ pub fn binding(
 ) -> Binding {
     match requested(store, namespace, labels) {
         Some((key, own)) => bind_key(store, namespace, &key, bind, own, reads),
+        None => Binding::Unbound,
+    }
+}
+
+/// [`binding`] for a Service or ServiceEntry. With `local_only` (a ServiceEntry of NAMESPACE
+/// visibility) a waypoint of another namespace is refused before it is looked up: it would let
+/// traffic and configuration leave the namespace.
+pub fn service_binding(
+    store: &Store,
+    namespace: &str,
+    labels: &Labels,
+    local_only: bool,
+    reads: &mut Vec<Key>,
+) -> Binding {
+    match requested(store, namespace, labels) {
+        Some((key, _)) if local_only && key.0 != namespace => {
+            Binding::Failed(BindError::CrossNamespaceForbidden(key))
+        }
+        Some((key, own)) => bind_key(store, namespace, &key, Bind::Service, own, reads),
         None => Binding::Unbound,
     }
 }

@@ -361,7 +361,7 @@ struct RawRouteNamespaces {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
-struct RawLabelSelector {
+pub(crate) struct RawLabelSelector {
     #[serde(deserialize_with = "string_map")]
     match_labels: Labels,
     match_expressions: Vec<RawLabelRequirement>,
@@ -378,7 +378,7 @@ struct RawLabelRequirement {
 /// `metav1.LabelSelectorAsSelector`: no selector selects nothing, `{}` everything. A selector
 /// Go rejects (unknown operator, values missing for In/NotIn or present for
 /// Exists/DoesNotExist) is logged and selects nothing.
-fn namespace_selector(raw: Option<&RawLabelSelector>, field: &str) -> NamespaceSelector {
+pub(crate) fn namespace_selector(raw: Option<&RawLabelSelector>, field: &str) -> NamespaceSelector {
     let Some(raw) = raw else {
         return NamespaceSelector::Nothing;
     };

@@ -320,11 +320,21 @@ struct RawNamespace {
     metadata: RawMeta,
 }
 
+/// The label the API server puts on every Namespace (Kubernetes 1.21+), so that selectors can
+/// pick a namespace by name (Gateway API allowedRoutes, meshConfig.serviceEntryVisibility).
+const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
 impl RawNamespace {
+    /// A manifest's Namespace gets [`NAMESPACE_NAME_LABEL`] as the API server would give it.
     fn reduce(self) -> Result<Object, String> {
+        let name = self.metadata.name()?;
+        let mut labels = self.metadata.labels;
+        if labels.get(NAMESPACE_NAME_LABEL) != Some(name.as_str()) {
+            labels.insert(NAMESPACE_NAME_LABEL, &name);
+        }
         Ok(Object::Namespace(Namespace {
-            name: self.metadata.name()?,
-            labels: self.metadata.labels,
+            name,
+            labels,
             annotations: self.metadata.annotations,
         }))
     }

@@ -108,7 +108,7 @@ impl Default for StatusConfig {
 fn resource(kind: StatusKind) -> ApiResource {
     let (group, version, kind_name, plural) = match kind {
         StatusKind::Service => ("", "v1", "Service", "services"),
-        StatusKind::ServiceEntry => (
+        StatusKind::ServiceEntry | StatusKind::ServiceEntryVisibility => (
             "networking.istio.io",
             "v1",
             "ServiceEntry",

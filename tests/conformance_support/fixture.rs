@@ -11,6 +11,11 @@ use serde_json::Value;
 /// The fixture text, compiled in: the tests never read `../shared` (or anything else) at run time.
 pub const FIXTURE: &str = include_str!("../fixtures/conformance.yaml");
 
+/// ambientd's own cases in the same format (`tests/fixtures/derived.yaml`): behaviour the
+/// public fixture has no case for, with expectations read from istiod's code and Istio's
+/// documentation (each case's `derived_from`).
+pub const DERIVED: &str = include_str!("../fixtures/derived.yaml");
+
 /// The label on the system namespace that names the local network.
 const NETWORK_LABEL: &str = "topology.istio.io/network";
 
@@ -119,7 +124,12 @@ impl Expect {
 
 /// Parses the whole fixture: ONE YAML document that is a list of cases.
 pub fn load() -> Result<Vec<Case>, String> {
-    let mut documents = ambientd::kube::objects::parse_yaml(FIXTURE)?;
+    load_text(FIXTURE)
+}
+
+/// Parses a fixture text in the same format.
+pub fn load_text(text: &str) -> Result<Vec<Case>, String> {
+    let mut documents = ambientd::kube::objects::parse_yaml(text)?;
     if documents.len() != 1 {
         return Err(format!(
             "expected one YAML document, found {}",
@@ -147,8 +157,9 @@ pub fn load() -> Result<Vec<Case>, String> {
 ///
 /// Defaults are the header's. `domain_suffix` becomes `Settings::domain`; `system_namespace`
 /// (whose `topology.istio.io/network` label names the local network) and `root_namespace`
-/// (mesh-wide policies) map one to one. `revision`, `mesh_config` and `features` have no
-/// ambientd equivalent here: a case setting them cannot run.
+/// (mesh-wide policies) map one to one; `mesh_config` may set `serviceEntryVisibility`.
+/// `revision`, other mesh config fields and `features` have no ambientd equivalent here: a
+/// case setting them cannot run.
 pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
     let s = &case.settings;
     let notes = Vec::new();
@@ -158,9 +169,10 @@ pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
             s.revision
         ));
     }
-    if s.mesh_config.as_ref().is_some_and(|m| !m.is_empty()) {
-        return Err("settings.mesh_config is not supported".into());
-    }
+    let mesh = match &s.mesh_config {
+        Some(m) if !m.is_empty() => Some(mesh_settings(m)?),
+        _ => None,
+    };
     if s.features.as_ref().is_some_and(|f| !f.is_empty()) {
         return Err("settings.features (non-default istiod flags) are not supported".into());
     }
@@ -183,9 +195,26 @@ pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
         domain: s.domain_suffix.clone().unwrap_or("cluster.local".into()),
         system_namespace: system,
         root_namespace: s.root_namespace.clone().unwrap_or("istio-system".into()),
+        service_entry_visibility: mesh
+            .and_then(|m| m.service_entry_visibility)
+            .map(std::sync::Arc::new),
         ..Settings::default()
     };
     Ok((settings, notes))
+}
+
+/// A case's `mesh_config`, read as ambientd reads `--mesh-config`. Only the fields that shape
+/// the index here may be set: `serviceEntryVisibility` (`rootNamespace` and `trustDomain` are
+/// the case's own settings).
+fn mesh_settings(
+    mesh: &BTreeMap<String, Value>,
+) -> Result<ambientd::kube::cluster::MeshSettings, String> {
+    if let Some(other) = mesh.keys().find(|k| *k != "serviceEntryVisibility") {
+        return Err(format!("settings.mesh_config.{other} is not supported"));
+    }
+    let text = serde_json::to_string(mesh).map_err(|e| e.to_string())?;
+    ambientd::kube::cluster::MeshSettings::parse(&text)
+        .map_err(|e| format!("settings.mesh_config: {e}"))
 }
 
 /// The network label of Namespace `namespace` in the initial input, if it has one.

@@ -264,6 +264,7 @@ impl Run {
                 StatusKind::Service,
                 StatusKind::ServiceEntry,
                 StatusKind::WorkloadEntry,
+                StatusKind::ServiceEntryVisibility,
             ][..],
         );
         for (key, conditions) in &expect.service_status {

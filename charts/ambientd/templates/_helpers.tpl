@@ -37,9 +37,16 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{/* The mesh config file read with --mesh-config (only discoverySelectors today). */}}
+{{/* The mesh config file (--mesh-config), or nothing when no value needs one. */}}
 {{- define "ambientd.mesh" -}}
+{{- if .Values.discoverySelectors }}
 discoverySelectors:
 {{ toYaml .Values.discoverySelectors }}
+{{- end }}
+{{- if .Values.serviceEntryVisibility }}
+serviceEntryVisibility:
+{{ toYaml .Values.serviceEntryVisibility | indent 2 }}
+{{- end }}
 {{- end -}}
 
 {{/* --trusted-node-accounts: the value, or <release namespace>/ztunnel. */}}

@@ -16,7 +16,7 @@ impl Index {
             return self.build_policy(k);
         }
         let mut built = self.build_resources(target, reads);
-        built.status = self.build_status(target, reads);
+        built.statuses = self.build_statuses(target, reads);
         built
     }
 
@@ -38,19 +38,19 @@ impl Index {
                 .map(|a| (TypeKind::Authorization, authorization_resource(a)))
                 .into_iter()
                 .collect(),
-            status: Some((
+            statuses: vec![(
                 StatusTarget::new(StatusKind::AuthorizationPolicy, k),
                 desired,
-            )),
+            )],
         }
     }
 
-    /// The condition the target's object should carry, for the targets that own one.
-    fn build_status(
+    /// The conditions the target's object should carry, for the targets that own some.
+    fn build_statuses(
         &self,
         target: &Target,
         reads: &mut Vec<Key>,
-    ) -> Option<(StatusTarget, Option<DesiredStatus>)> {
+    ) -> Vec<(StatusTarget, Option<DesiredStatus>)> {
         let store = &self.store;
         let desired = |generation: i64, condition: Option<status::StatusCondition>| {
             Some(DesiredStatus {
@@ -58,7 +58,7 @@ impl Index {
                 condition,
             })
         };
-        Some(match target {
+        vec![match target {
             Target::KubeService(k) => (
                 StatusTarget::new(StatusKind::Service, k),
                 store.services.get(k).and_then(|svc| {
@@ -69,6 +69,7 @@ impl Index {
                                 store,
                                 &svc.namespace,
                                 &svc.labels,
+                                false,
                                 reads,
                             )
                         })
@@ -76,14 +77,31 @@ impl Index {
                     desired(svc.generation, condition)
                 }),
             ),
-            Target::EntryServices(k) => (
-                StatusTarget::new(StatusKind::ServiceEntry, k),
-                store.service_entries.get(k).and_then(|se| {
-                    let condition =
-                        status::service_waypoint_bound(store, &se.namespace, &se.labels, reads);
-                    desired(se.generation, condition)
-                }),
-            ),
+            Target::EntryServices(k) => {
+                let se = store.service_entries.get(k);
+                let visibility = (
+                    StatusTarget::new(StatusKind::ServiceEntryVisibility, k),
+                    se.and_then(|se| {
+                        let condition = status::visibility_applied(store, &se.namespace);
+                        desired(se.generation, condition)
+                    }),
+                );
+                let waypoint = (
+                    StatusTarget::new(StatusKind::ServiceEntry, k),
+                    se.and_then(|se| {
+                        let local_only = store.entries_namespace_local(&se.namespace);
+                        let condition = status::service_waypoint_bound(
+                            store,
+                            &se.namespace,
+                            &se.labels,
+                            local_only,
+                            reads,
+                        );
+                        desired(se.generation, condition)
+                    }),
+                );
+                return vec![waypoint, visibility];
+            }
             Target::WorkloadEntry(k) => (
                 StatusTarget::new(StatusKind::WorkloadEntry, k),
                 store.workload_entries.get(k).and_then(|we| {
@@ -92,8 +110,8 @@ impl Index {
                     desired(we.generation, condition)
                 }),
             ),
-            _ => return None,
-        })
+            _ => return Vec::new(),
+        }]
     }
 
     /// Builds every resource of one target.
@@ -104,14 +122,14 @@ impl Index {
                 .into_iter()
                 .map(|r| (TypeKind::Address, r))
                 .collect(),
-            status: None,
+            statuses: Vec::new(),
         };
         let authorization = |a: Option<Authorization>| Built {
             resources: a
                 .map(|a| (TypeKind::Authorization, authorization_resource(a)))
                 .into_iter()
                 .collect(),
-            status: None,
+            statuses: Vec::new(),
         };
         match target {
             Target::Pod((namespace, name)) => addresses(
@@ -186,9 +204,9 @@ impl Index {
 /// What building one target produced.
 pub(super) struct Built {
     pub(super) resources: Vec<(TypeKind, Resource)>,
-    /// For a target whose object may carry a condition: the object and what it should carry
-    /// (`None`: the object does not exist).
-    pub(super) status: Option<(StatusTarget, Option<DesiredStatus>)>,
+    /// For a target whose object may carry conditions: each condition's object and what it
+    /// should carry (`None`: the object does not exist).
+    pub(super) statuses: Vec<(StatusTarget, Option<DesiredStatus>)>,
 }
 
 fn authorization_resource(a: Authorization) -> Resource {

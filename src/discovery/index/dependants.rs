@@ -199,7 +199,19 @@ impl Index {
             (r.namespace, r.name)
         };
         match object {
-            Object::Namespace(ns) => self.namespace_targets(&ns.name, targets),
+            Object::Namespace(ns) => {
+                self.namespace_targets(&ns.name, targets);
+                // Its labels decide its ServiceEntries' visibility, so which entry wins a
+                // hostname elsewhere, and which one is canonical.
+                if self.store.visibility.is_some() {
+                    let hosts: Vec<String> = self
+                        .store
+                        .service_entries_in(&ns.name)
+                        .flat_map(|se| se.hosts.iter().cloned())
+                        .collect();
+                    self.hostname_rivals(&hosts, targets);
+                }
+            }
             // A scan, not a per-node index: a node's labels rarely change (a status-only update
             // is a no-op after reduction), and an index of pods by node cost ~130 B per pod.
             Object::Node(node) => targets.extend(

@@ -25,6 +25,7 @@ use crate::discovery::snapshot::{
 };
 use crate::discovery::status::{DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::store::{Key, Store};
+use crate::discovery::visibility::ServiceEntryVisibility;
 
 pub use crate::discovery::store::NETWORK_LABEL;
 
@@ -48,6 +49,9 @@ pub struct Settings {
     /// istiod's revision: Istio config objects labelled `istio.io/rev` with another value are
     /// ignored; unlabelled ones are taken when this is `default`.
     pub revision: String,
+    /// meshConfig.serviceEntryVisibility; `None` when not configured (every ServiceEntry is
+    /// public and no `istio.io/VisibilityApplied` condition is written).
+    pub service_entry_visibility: Option<Arc<ServiceEntryVisibility>>,
 }
 
 impl Default for Settings {
@@ -59,6 +63,7 @@ impl Default for Settings {
             system_namespace: "istio-system".into(),
             root_namespace: "istio-system".into(),
             revision: "default".into(),
+            service_entry_visibility: None,
         }
     }
 }
@@ -127,8 +132,8 @@ pub struct Index {
 impl Index {
     pub fn new(settings: Settings) -> Self {
         Index {
+            store: Store::with_visibility(settings.service_entry_visibility.clone()),
             settings,
-            store: Store::default(),
             addresses: ResourceMap::default(),
             authorizations: ResourceMap::default(),
             aliases: PersistentMap::default(),
@@ -336,7 +341,7 @@ impl Index {
             let mut reads = Vec::new();
             let built = self.build(&target, &mut reads);
             self.record_reads(&target, reads);
-            if let Some((object, desired)) = built.status {
+            for (object, desired) in built.statuses {
                 self.set_status(object, desired, &mut changes);
             }
             if let Target::Pod((namespace, name)) = &target {

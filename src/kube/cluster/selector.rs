@@ -17,6 +17,8 @@ use std::str::FromStr;
 use serde::Deserialize;
 
 use crate::discovery::model::Labels;
+use crate::discovery::visibility::{ServiceEntryVisibility, Visibility, VisibilityPolicy};
+use crate::kube::mesh::RawLabelSelector as RawNamespaceSelector;
 
 /// One requirement on one label key.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -228,6 +230,8 @@ pub struct MeshSettings {
     pub root_namespace: Option<String>,
     /// `trustDomain`.
     pub trust_domain: Option<String>,
+    /// `serviceEntryVisibility`; `None` when absent (the feature is then inert).
+    pub service_entry_visibility: Option<ServiceEntryVisibility>,
 }
 
 impl MeshSettings {
@@ -246,11 +250,74 @@ impl MeshSettings {
                     .map_err(|e| format!("discoverySelectors[{i}]: {e}"))?,
             );
         }
+        let service_entry_visibility = mesh
+            .service_entry_visibility
+            .map(RawVisibility::compile)
+            .transpose()
+            .map_err(|e| format!("serviceEntryVisibility.{e}"))?;
         Ok(MeshSettings {
             discovery_selectors: DiscoverySelectors(selectors),
             root_namespace: non_empty(mesh.root_namespace),
             trust_domain: non_empty(mesh.trust_domain),
+            service_entry_visibility,
         })
+    }
+}
+
+/// `serviceEntryVisibility` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RawVisibility {
+    default_visibility: Option<String>,
+    policies: Vec<RawVisibilityPolicy>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RawVisibilityPolicy {
+    visibility: Option<String>,
+    matching_rules: Vec<RawMatchRule>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RawMatchRule {
+    namespace_selector: Option<RawNamespaceSelector>,
+}
+
+impl RawVisibility {
+    /// An unknown visibility name is an error (istiod rejects the mesh config). A rule without
+    /// a `namespaceSelector` (a matcher this version does not know), or with one Kubernetes
+    /// rejects, never matches, as in istiod: a malformed rule fails closed.
+    fn compile(self) -> Result<ServiceEntryVisibility, String> {
+        let visibility = |text: Option<String>| Visibility::parse(text.as_deref().unwrap_or(""));
+        let default =
+            visibility(self.default_visibility).map_err(|e| format!("defaultVisibility: {e}"))?;
+        let policies = self
+            .policies
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                Ok(VisibilityPolicy {
+                    visibility: visibility(p.visibility)
+                        .map_err(|e| format!("policies[{i}].visibility: {e}"))?,
+                    rules: p
+                        .matching_rules
+                        .iter()
+                        .enumerate()
+                        .map(|(j, rule)| {
+                            crate::kube::mesh::namespace_selector(
+                                rule.namespace_selector.as_ref(),
+                                &format!(
+                                    "serviceEntryVisibility.policies[{i}].matchingRules[{j}].namespaceSelector"
+                                ),
+                            )
+                        })
+                        .collect(),
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(ServiceEntryVisibility { default, policies })
     }
 }
 
@@ -270,6 +337,7 @@ struct MeshConfig {
     discovery_selectors: Vec<Option<RawLabelSelector>>,
     root_namespace: Option<String>,
     trust_domain: Option<String>,
+    service_entry_visibility: Option<RawVisibility>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -371,6 +439,56 @@ mod tests {
         for bad in ["a in (b", "a b (c)", "=x", "a=b=c d", "a,,b", "a in (b)) "] {
             assert!(bad.parse::<LabelSelector>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn service_entry_visibility_is_read_with_go_selector_semantics() {
+        use crate::discovery::model::NamespaceSelector;
+        use crate::discovery::visibility::Visibility;
+        let mesh = MeshSettings::parse(
+            "serviceEntryVisibility:\n\
+             \x20 defaultVisibility: NAMESPACE\n\
+             \x20 applyToSidecars: true\n\
+             \x20 policies:\n\
+             \x20 - visibility: PUBLIC\n\
+             \x20   matchingRules:\n\
+             \x20   - namespaceSelector: {matchLabels: {trusted: 'true'}}\n\
+             \x20   - namespaceSelector: {matchExpressions: [{key: env, operator: Exists}]}\n\
+             \x20 - visibility: NONE\n\
+             \x20   matchingRules:\n\
+             \x20   - {}\n\
+             \x20   - namespaceSelector: {matchExpressions: [{key: a, operator: Bogus}]}\n\
+             \x20 - visibility: PUBLIC\n",
+        )
+        .unwrap();
+        let visibility = mesh.service_entry_visibility.unwrap();
+        assert_eq!(visibility.default, Visibility::Namespace);
+        let [trusted, none, catch_all] = &visibility.policies[..] else {
+            panic!("three policies: {:?}", visibility.policies);
+        };
+        assert_eq!(trusted.visibility, Visibility::Public);
+        assert_eq!(trusted.rules.len(), 2);
+        assert!(trusted.rules[0].matches(&labels(&[("trusted", "true")])));
+        assert!(trusted.rules[1].matches(&labels(&[("env", "x")])));
+        // A rule without a namespaceSelector, and one Kubernetes rejects, never match.
+        assert_eq!(none.visibility, Visibility::None);
+        assert_eq!(
+            none.rules,
+            [NamespaceSelector::Nothing, NamespaceSelector::Nothing]
+        );
+        // No rules: matches every namespace.
+        assert!(catch_all.rules.is_empty());
+        assert_eq!(visibility.resolve(None), Visibility::Public);
+        // Absent: not configured. Present but empty: configured, everything PUBLIC.
+        assert_eq!(
+            MeshSettings::parse("{}").unwrap().service_entry_visibility,
+            None
+        );
+        let empty = MeshSettings::parse("serviceEntryVisibility: {}\n").unwrap();
+        assert_eq!(
+            empty.service_entry_visibility.unwrap().resolve(None),
+            Visibility::Public
+        );
     }
 
     #[test]

@@ -31,6 +31,23 @@ fn service_defaults_are_those_of_the_api_server() {
 }
 
 #[test]
+fn a_namespace_carries_its_name_label_as_the_api_server_sets_it() {
+    for yaml in [
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a, labels: {tier: x}}\n",
+        // The API server overwrites a wrong value.
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a, labels: {tier: x, \
+         kubernetes.io/metadata.name: other}}\n",
+    ] {
+        let Object::Namespace(ns) = object(yaml) else {
+            panic!("not a namespace")
+        };
+        assert_eq!(ns.labels.get("kubernetes.io/metadata.name"), Some("team-a"));
+        assert_eq!(ns.labels.get("tier"), Some("x"));
+        assert_eq!(ns.labels.len(), 2);
+    }
+}
+
+#[test]
 fn target_port_zero_or_empty_defaults_to_the_port_like_unset() {
     let Object::Service(svc) = object(
         "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec:\n  ports: [{name: a, port: 80, targetPort: 0}, {name: b, port: 81, targetPort: ''}, {name: c, port: 82}, {name: d, port: 83, targetPort: 8083}]\n",
