@@ -112,6 +112,12 @@ pub struct Metrics {
     pub root_expiry: Gauge<f64, AtomicU64>,
     /// `citadel_server_root_cert_expiry_seconds`: seconds until then, refreshed on each scrape.
     root_expiry_seconds: Gauge<f64, AtomicU64>,
+    /// `citadel_server_cert_chain_expiry_timestamp`: the CA (signing) certificate's NotAfter,
+    /// as istiod's `ExtractCACertExpiryTimestamp`; 0 until the CA starts. For a self-signed CA
+    /// it is the root's.
+    pub chain_expiry: Gauge<f64, AtomicU64>,
+    /// `citadel_server_cert_chain_expiry_seconds`: seconds until then, refreshed on each scrape.
+    chain_expiry_seconds: Gauge<f64, AtomicU64>,
     /// `ambientd_leader`: 1 while this replica holds the leader Lease (or runs without
     /// election and writes), else 0.
     pub leader: Gauge,
@@ -167,6 +173,8 @@ impl Metrics {
         let sign_errors = Family::<ErrorLabel, Counter>::default();
         let root_expiry = Gauge::<f64, AtomicU64>::default();
         let root_expiry_seconds = Gauge::<f64, AtomicU64>::default();
+        let chain_expiry = Gauge::<f64, AtomicU64>::default();
+        let chain_expiry_seconds = Gauge::<f64, AtomicU64>::default();
         let leader = Gauge::default();
         let objects = Family::<KindLabel, Gauge>::default();
         let resources = Family::<TypeLabel, Gauge>::default();
@@ -247,6 +255,16 @@ impl Metrics {
             root_expiry_seconds.clone(),
         );
         registry.register(
+            "citadel_server_cert_chain_expiry_timestamp",
+            "Unix time the CA certificate chain expires",
+            chain_expiry.clone(),
+        );
+        registry.register(
+            "citadel_server_cert_chain_expiry_seconds",
+            "Seconds until the CA certificate chain expires (negative once expired)",
+            chain_expiry_seconds.clone(),
+        );
+        registry.register(
             "ambientd_leader",
             "1 while this replica is the leader that writes to the cluster",
             leader.clone(),
@@ -309,6 +327,8 @@ impl Metrics {
             sign_errors,
             root_expiry,
             root_expiry_seconds,
+            chain_expiry,
+            chain_expiry_seconds,
             leader,
             objects,
             resources,
@@ -367,12 +387,17 @@ impl Metrics {
         if let Some(rss) = resident_memory_bytes() {
             self.resident_memory.set(rss as i64);
         }
-        let root_expiry = self.root_expiry.get();
-        if root_expiry > 0.0 {
-            let now = SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64());
-            self.root_expiry_seconds.set(root_expiry - now);
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        for (expiry, seconds) in [
+            (&self.root_expiry, &self.root_expiry_seconds),
+            (&self.chain_expiry, &self.chain_expiry_seconds),
+        ] {
+            let expiry = expiry.get();
+            if expiry > 0.0 {
+                seconds.set(expiry - now);
+            }
         }
         let mut out = String::new();
         // Writing to a String cannot fail.
@@ -453,6 +478,7 @@ mod tests {
             .unwrap()
             .as_secs_f64();
         metrics.root_expiry.set(now + 1000.0);
+        metrics.chain_expiry.set(now + 500.0);
         let text = metrics.encode();
         assert!(
             text.contains("# TYPE citadel_server_csr_sign_err_count counter\n"),
@@ -473,5 +499,16 @@ mod tests {
             .parse()
             .unwrap();
         assert!((990.0..=1000.0).contains(&seconds), "{seconds}");
+        let chain: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("citadel_server_cert_chain_expiry_seconds "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((490.0..=500.0).contains(&chain), "{chain}");
+        assert!(text.contains(
+            "# TYPE citadel_server_cert_chain_expiry_timestamp gauge
+"
+        ));
     }
 }

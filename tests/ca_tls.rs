@@ -246,7 +246,19 @@ async fn ztunnel_settings_sync_delta_ads_and_get_a_certificate() {
             "{series} {value} in\n{metrics}"
         );
     }
-    assert!(metrics.contains("citadel_server_root_cert_expiry_timestamp "));
+    // A self-signed CA signs with its root: the chain expires with it.
+    let gauge = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} in\n{metrics}"))
+            .parse()
+            .unwrap()
+    };
+    let root = gauge("citadel_server_root_cert_expiry_timestamp");
+    assert!(root > 0.0);
+    assert_eq!(gauge("citadel_server_cert_chain_expiry_timestamp"), root);
+    assert!(gauge("citadel_server_cert_chain_expiry_seconds") > 0.0);
     cluster.running.stop().await;
 }
 
@@ -463,7 +475,7 @@ async fn a_plugged_in_ca_is_reloaded_when_its_files_change() {
 }
 
 /// The CA's metrics, as istiod names them: the root's expiry (not the signing certificate's),
-/// signing errors by type, and a malformed ImpersonatedIdentity as an authentication failure.
+/// the chain's (the signing certificate's), signing errors by type, and a malformed ImpersonatedIdentity as an authentication failure.
 #[tokio::test]
 async fn ca_metrics_report_the_roots_expiry_and_each_failure() {
     use ambientd::pb::google::protobuf::{Value, value::Kind};
@@ -480,6 +492,9 @@ async fn ca_metrics_report_the_roots_expiry_and_each_failure() {
     };
     assert_ne!(not_after(&ca.root_pem), not_after(&ca.intermediate_pem));
     assert_eq!(metrics.root_expiry.get(), not_after(&ca.root_pem));
+    // The chain's expiry is the signing (intermediate) certificate's, as istiod's
+    // ExtractCACertExpiryTimestamp reads it.
+    assert_eq!(metrics.chain_expiry.get(), not_after(&ca.intermediate_pem));
     let text = metrics.encode();
     let seconds: f64 = text
         .lines()

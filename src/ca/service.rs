@@ -41,12 +41,15 @@ pub struct CaState {
 }
 
 impl CaState {
-    /// Publishes the current root's expiry as `citadel_server_root_cert_expiry_timestamp` (and
-    /// so `_seconds`), and the root bundle.
+    /// Publishes the current root's expiry as `citadel_server_root_cert_expiry_timestamp`, the
+    /// signing certificate's as `citadel_server_cert_chain_expiry_timestamp` (and so their
+    /// `_seconds`), and the root bundle.
     pub fn record_root_expiry(&self) {
         let signer = self.signer.load();
         let expiry = signer.root_not_after().unix_timestamp();
         self.metrics.root_expiry.set(expiry as f64);
+        let chain = signer.not_after().unix_timestamp();
+        self.metrics.chain_expiry.set(chain as f64);
         self.root_bundle.send_if_modified(|bundle| {
             let changed = bundle.as_str() != signer.root_bundle();
             if changed {
