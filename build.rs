@@ -10,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/authorization.proto",
         "proto/citadel.proto",
         "proto/discovery.proto",
+        "proto/status.proto",
     ];
     for file in files {
         println!("cargo:rerun-if-changed={file}");

@@ -128,6 +128,17 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         None => Leadership::channel().1,
     };
 
+    let debug_state = DebugState {
+        snapshots: snapshots.clone(),
+        registry: registry.clone(),
+        metrics: metrics.clone(),
+        settings: config.settings.clone(),
+        log_filter: config.log_filter.clone(),
+        authenticators: None,
+    };
+    // istiod's debug over xDS, on both ADS ports (answered only to root-namespace callers
+    // the TLS port authenticated).
+    let debug_xds = crate::debug::xds::responder(debug_state.clone());
     let mut debug_authenticators = None;
     let mut root_bundles = None;
     let xds_tls_address = match &config.ca {
@@ -138,6 +149,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
                 .with_idle_timeout(config.stream_idle_timeout)
                 .with_shutdown(shutdown.clone())
                 .with_scope_to_node(config.scope_to_node)
+                .with_debug(debug_xds.clone())
                 .into_service();
             let mut ca = crate::ca::CaConfig {
                 metrics: metrics.clone(),
@@ -247,6 +259,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         .with_idle_timeout(config.stream_idle_timeout)
         .with_shutdown(shutdown.clone())
         .with_scope_to_node(config.scope_to_node)
+        .with_debug(debug_xds)
         .into_service();
     let stop = shutdown.clone();
     tasks.spawn(async move {
@@ -261,12 +274,8 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     });
 
     let router = crate::debug::router(DebugState {
-        snapshots: snapshots.clone(),
-        registry: registry.clone(),
-        metrics: metrics.clone(),
-        settings: config.settings.clone(),
-        log_filter: config.log_filter.clone(),
         authenticators: debug_authenticators,
+        ..debug_state
     });
     let stop = shutdown.clone();
     tasks.spawn(async move {

@@ -30,9 +30,15 @@ pub mod envoy {
                 tonic::include_proto!("envoy.service.discovery.v3");
             }
         }
+        pub mod status {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.status.v3");
+            }
+        }
     }
 }
 
 pub use envoy::service::discovery::v3 as xds;
+pub use envoy::service::status::v3 as csds;
 pub use istio::security;
 pub use istio::workload;

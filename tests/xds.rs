@@ -285,8 +285,10 @@ async fn unknown_type_url_is_an_error_and_others_keep_being_served() {
     running.stop().await;
 }
 
+/// ztunnel's types are served only on delta ADS: a state-of-the-world request for one ends
+/// its stream with `Unimplemented` (the debug types are tested in tests/ca_tls.rs).
 #[tokio::test]
-async fn state_of_the_world_is_unimplemented() {
+async fn state_of_the_world_serves_only_debug_types() {
     use ambientd::pb::xds::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
     let mesh = mesh();
     let running = start(mesh.root()).await;
@@ -294,10 +296,19 @@ async fn state_of_the_world_is_unimplemented() {
         AggregatedDiscoveryServiceClient::connect(format!("http://{}", running.xds_address))
             .await
             .unwrap();
-    let status = client
-        .stream_aggregated_resources(tokio_stream::iter(Vec::new()))
+    let request = ambientd::pb::xds::DiscoveryRequest {
+        type_url: ADDRESS_TYPE.into(),
+        ..Default::default()
+    };
+    let mut responses = client
+        .stream_aggregated_resources(tokio_stream::iter(vec![request]))
         .await
-        .expect_err("SotW must be refused");
+        .expect("the stream opens")
+        .into_inner();
+    let status = tokio::time::timeout(Duration::from_secs(10), responses.message())
+        .await
+        .expect("answered in time")
+        .expect_err("an Address request on SotW must be refused");
     assert_eq!(status.code(), tonic::Code::Unimplemented);
     assert!(status.message().contains("DeltaAggregatedResources"));
     running.stop().await;

@@ -1,5 +1,6 @@
 //! The guard in front of the ADS service on 15012: authenticates each stream, and checks the
-//! first request's node against the caller's identity before the stream reaches ADS.
+//! first request's node against the caller's identity before the stream reaches ADS. The
+//! caller goes with the request ([`VerifiedCaller`]), for debug over xDS.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -21,6 +22,7 @@ use crate::ca::authorize::{ProxyClaim, check_xds_identity};
 use crate::ca::service::{CaState, peer};
 use crate::pb::google::protobuf::value::Kind as ValueKind;
 use crate::pb::xds::Node;
+use crate::push::server::VerifiedCaller;
 
 /// The largest first xDS request the guard accepts (reconnects list every known resource).
 const MAX_FIRST_REQUEST: usize = 64 * 1024 * 1024;
@@ -95,7 +97,7 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let state = self.state.clone();
         Box::pin(async move {
-            let (parts, body) = request.into_parts();
+            let (mut parts, body) = request.into_parts();
             let peer = peer(&parts.extensions);
             let metadata = MetadataMap::from_headers(parts.headers.clone());
             let caller = match state.authenticate(&metadata, &parts.extensions).await {
@@ -137,6 +139,11 @@ where
                 body
             };
             debug!(%peer, caller = %caller.identity, path = parts.uri.path(), "xDS stream authenticated");
+            // Debug over xDS (state of the world) authorizes by it.
+            parts.extensions.insert(VerifiedCaller {
+                identity: caller.identity.to_string(),
+                namespace: caller.identity.namespace.clone(),
+            });
             inner.call(http::Request::from_parts(parts, body)).await
         })
     }

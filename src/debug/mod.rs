@@ -11,6 +11,7 @@ mod logging;
 mod page;
 pub mod render;
 mod views;
+pub mod xds;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -2,6 +2,7 @@
 
 use crate::discovery::snapshot::Name;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use axum::Json;
@@ -16,6 +17,7 @@ use time::format_description::well_known::Rfc3339;
 use crate::debug::{DebugState, render};
 use crate::discovery::names::TypeKind;
 use crate::discovery::status::{StatusCondition, StatusKind, StatusTarget};
+use crate::discovery::{Resource, Snapshot};
 use crate::push::registry::{ClientView, ConnectionStatus};
 
 /// `time` as istiod's JSON writes a Go `time.Time`: RFC 3339 in UTC with the fraction of a second
@@ -225,38 +227,47 @@ pub async fn config_dump(
             .into_response();
     };
     let latest = state.snapshots.borrow().clone();
-    let mut configs = Vec::new();
-    for kind in kinds {
-        let Some(status) = connection.types.get(&kind) else {
-            continue;
-        };
-        let mut entries: Vec<(String, Value)> = match &status.view {
-            Some(ClientView::Snapshot(snapshot)) => snapshot
-                .resources(kind)
-                .iter()
-                .map(|(name, r)| (name.to_string(), render::any(r)))
-                .collect(),
-            // An on-demand client's resources, rendered from the latest snapshot when it still
-            // has the version the proxy holds (a newer one is on its way otherwise, and the
-            // resource is left out: an Any has nowhere to say "content unknown").
-            Some(ClientView::Held(held)) => held
-                .iter()
-                .filter_map(|(name, version)| {
-                    let resource = latest
-                        .as_ref()?
-                        .resources(kind)
-                        .get(name.as_str())
-                        .cloned()
-                        .filter(|r| r.version.is(version))?;
-                    Some((name.clone(), render::any(&resource)))
-                })
-                .collect(),
-            None => Vec::new(),
-        };
-        entries.sort_by(|a, b| a.0.cmp(&b.0));
-        configs.extend(entries.into_iter().map(|(_, config)| config));
-    }
+    let configs: Vec<Value> = kinds
+        .into_iter()
+        .flat_map(|kind| held(&connection, kind, latest.as_deref()))
+        .map(|(_, resource)| render::any(&resource))
+        .collect();
     Json(json!({ "configs": configs })).into_response()
+}
+
+/// The resources of `kind` a connection's proxy holds, by name. An on-demand client's come
+/// from the latest snapshot when it still has the version the proxy holds (a newer one is on
+/// its way otherwise, and the resource is left out: a dump has nowhere to say "content
+/// unknown").
+pub(crate) fn held(
+    connection: &ConnectionStatus,
+    kind: TypeKind,
+    latest: Option<&Snapshot>,
+) -> Vec<(String, Arc<Resource>)> {
+    let Some(status) = connection.types.get(&kind) else {
+        return Vec::new();
+    };
+    let mut entries: Vec<(String, Arc<Resource>)> = match &status.view {
+        Some(ClientView::Snapshot(snapshot)) => snapshot
+            .resources(kind)
+            .iter()
+            .map(|(name, r)| (name.to_string(), r.clone()))
+            .collect(),
+        Some(ClientView::Held(held)) => held
+            .iter()
+            .filter_map(|(name, version)| {
+                let resource = latest?
+                    .resources(kind)
+                    .get(name.as_str())
+                    .cloned()
+                    .filter(|r| r.version.is(version))?;
+                Some((name.clone(), resource))
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    entries
 }
 
 /// `/debug/ambientz[?namespace=]`: workloads, services and policies, each policy with its

@@ -1,4 +1,5 @@
-//! The delta ADS service (`DeltaAggregatedResources`) and one task per connected proxy.
+//! The delta ADS service (`DeltaAggregatedResources`) and one task per connected proxy; and
+//! istiod's debug over xDS on `StreamAggregatedResources` ([`DebugResponder`]).
 //!
 //! A connection waits for the first snapshot, answers each type's initial request (even with
 //! nothing to send: ztunnel is not ready until it has ACKed every type), answers on-demand
@@ -53,6 +54,7 @@ pub struct AdsServer {
     scope_to_node: bool,
     shutdown: CancellationToken,
     request_budget: crate::push::route::RequestBudget,
+    debug: Option<Arc<dyn DebugResponder>>,
 }
 
 impl AdsServer {
@@ -70,6 +72,7 @@ impl AdsServer {
             request_budget: crate::push::route::RequestBudget::new(
                 crate::push::route::REQUEST_BUDGET_BYTES,
             ),
+            debug: None,
         }
     }
 
@@ -122,6 +125,13 @@ impl AdsServer {
         self
     }
 
+    /// Serves istiod's debug types over state-of-the-world ADS with `debug`; without it,
+    /// `StreamAggregatedResources` answers `Unimplemented`.
+    pub fn with_debug(mut self, debug: Arc<dyn DebugResponder>) -> Self {
+        self.debug = Some(debug);
+        self
+    }
+
     /// The tonic service, without compression (ztunnel supports none), framing responses
     /// itself ([`crate::push::route`]).
     pub fn into_service(self) -> crate::push::route::AdsService {
@@ -131,19 +141,77 @@ impl AdsServer {
 
 type SotwStream = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
 
+/// The type URLs of istiod's debug over xDS: `istio.io/debug` (a debug endpoint named by the
+/// resource name), `istio.io/debug/syncz` and `istio.io/debug/config_dump`.
+pub const DEBUG_TYPE: &str = "istio.io/debug";
+
+/// Who opened a stream on the TLS port, as the 15012 guard authenticated them: a request
+/// extension, absent on the plaintext port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerifiedCaller {
+    /// `spiffe://<td>/ns/<ns>/sa/<sa>`.
+    pub identity: String,
+    pub namespace: String,
+}
+
+/// Answers istiod's debug requests over state-of-the-world ADS (`istioctl proxy-status`,
+/// `istioctl version`, `istioctl x internal-debug`).
+#[tonic::async_trait]
+pub trait DebugResponder: Send + Sync + 'static {
+    /// The response to one request of a [`DEBUG_TYPE`] type, or why it is refused.
+    async fn respond(
+        &self,
+        caller: Option<&VerifiedCaller>,
+        request: &DiscoveryRequest,
+    ) -> Result<DiscoveryResponse, Status>;
+}
+
 #[tonic::async_trait]
 impl AggregatedDiscoveryService for AdsServer {
     type StreamAggregatedResourcesStream = SotwStream;
     type DeltaAggregatedResourcesStream = DeltaStream;
 
+    /// State of the world serves only istiod's debug types: each request (not its ACK) gets
+    /// one response; any other type ends the stream with `Unimplemented`.
     async fn stream_aggregated_resources(
         &self,
-        _request: Request<Streaming<DiscoveryRequest>>,
+        request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        Err(Status::unimplemented(
-            "ambientd serves only delta xDS: use DeltaAggregatedResources \
-             (StreamAggregatedResources, state of the world, is not supported)",
-        ))
+        let Some(debug) = self.debug.clone() else {
+            return Err(Status::unimplemented(NOT_DEBUG));
+        };
+        let caller = request.extensions().get::<VerifiedCaller>().cloned();
+        let mut requests = request.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let nonce = AtomicU64::new(0);
+        tokio::spawn(async move {
+            while let Some(request) = requests.next().await {
+                let request = match request {
+                    Ok(request) => request,
+                    Err(_) => return,
+                };
+                if !request.type_url.starts_with(DEBUG_TYPE) {
+                    let _ = tx.send(Err(Status::unimplemented(NOT_DEBUG))).await;
+                    return;
+                }
+                // An ACK (or a NACK) of a response already sent.
+                if !request.response_nonce.is_empty() {
+                    continue;
+                }
+                let response = debug.respond(caller.as_ref(), &request).await.map(|mut r| {
+                    r.type_url = request.type_url.clone();
+                    r.nonce = format!("{:x}", nonce.fetch_add(1, Ordering::Relaxed) + 1);
+                    r
+                });
+                let failed = response.is_err();
+                if tx.send(response).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 
     async fn delta_aggregated_resources(
@@ -168,6 +236,10 @@ impl AggregatedDiscoveryService for AdsServer {
         Ok(Response::new(Box::pin(responses)))
     }
 }
+
+/// Why a state-of-the-world request is refused.
+const NOT_DEBUG: &str = "ambientd serves delta xDS: use DeltaAggregatedResources \
+     (StreamAggregatedResources, state of the world, serves only istio.io/debug types)";
 
 type DeltaStream = Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
 
