@@ -255,6 +255,14 @@ fn a_namespace_local_entry_may_not_use_a_waypoint_of_another_namespace() {
     ]);
     let mut index = index(Some(config()), objects);
 
+    // NONE: no service, so no binding to report.
+    index.apply(entry_using(BLOCKED, WP_NS));
+    assert!(try_service(&mut index, &host_key(BLOCKED, HOST)).is_none());
+    assert_eq!(
+        condition(&mut index, StatusKind::ServiceEntry, BLOCKED),
+        None
+    );
+
     // NAMESPACE visibility: refused, with istiod's reason.
     assert_eq!(service(&mut index, &host_key(PRIVATE, HOST)).waypoint, None);
     let (status, reason, message) = condition(&mut index, StatusKind::ServiceEntry, PRIVATE)

@@ -5,6 +5,7 @@ use crate::discovery::names::{TypeKind, service_key};
 use crate::discovery::snapshot::{Name, Resource};
 use crate::discovery::status::{self, DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::store::Key;
+use crate::discovery::visibility::Visibility;
 use crate::discovery::{endpoint_slice, entry, policies, service, service_entry, workload};
 use crate::pb::security::Authorization;
 use crate::pb::workload::{self as wl, Address, address};
@@ -89,14 +90,20 @@ impl Index {
                 let waypoint = (
                     StatusTarget::new(StatusKind::ServiceEntry, k),
                     se.and_then(|se| {
-                        let local_only = store.entries_namespace_local(&se.namespace);
-                        let condition = status::service_waypoint_bound(
-                            store,
-                            &se.namespace,
-                            &se.labels,
-                            local_only,
-                            reads,
-                        );
+                        let visibility = store.entry_visibility(&se.namespace);
+                        // Visibility NONE publishes nothing, so binds nothing (istiod has no
+                        // service to report on).
+                        let condition = (visibility != Some(Visibility::None))
+                            .then(|| {
+                                status::service_waypoint_bound(
+                                    store,
+                                    &se.namespace,
+                                    &se.labels,
+                                    visibility == Some(Visibility::Namespace),
+                                    reads,
+                                )
+                            })
+                            .flatten();
                         desired(se.generation, condition)
                     }),
                 );
