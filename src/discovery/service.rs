@@ -207,8 +207,7 @@ pub fn waypoints(
     };
     let weighted = canary(store, namespace, labels, annotations, &primary, reads)
         .filter(|(key, ..)| !local_only || key.0 == namespace)
-        .map(|(_, canary, weight)| (canary, weight))
-        .map(|(canary, weight)| {
+        .map(|(_, canary, weight)| {
             vec![
                 WeightedWaypoint {
                     destination: Some(primary.clone()),

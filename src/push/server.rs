@@ -183,8 +183,8 @@ impl AggregatedDiscoveryService for AdsServer {
         let caller = request.extensions().get::<VerifiedCaller>().cloned();
         let mut requests = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(1);
-        let nonce = AtomicU64::new(0);
         tokio::spawn(async move {
+            let mut nonce = 0u64;
             while let Some(request) = requests.next().await {
                 let request = match request {
                     Ok(request) => request,
@@ -198,9 +198,10 @@ impl AggregatedDiscoveryService for AdsServer {
                 if !request.response_nonce.is_empty() {
                     continue;
                 }
+                nonce += 1;
                 let response = debug.respond(caller.as_ref(), &request).await.map(|mut r| {
                     r.type_url = request.type_url.clone();
-                    r.nonce = format!("{:x}", nonce.fetch_add(1, Ordering::Relaxed) + 1);
+                    r.nonce = format!("{nonce:x}");
                     r
                 });
                 let failed = response.is_err();
