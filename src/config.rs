@@ -119,6 +119,19 @@ pub struct ServeArgs {
     #[arg(long, env = "AMBIENTD_REVISION", default_value = "default", value_parser = non_empty)]
     pub revision: String,
 
+    /// istiod's PILOT_AUTO_ALLOW_WAYPOINT_POLICY: each waypoint with instance pods gets an ALLOW
+    /// policy for their identities (`<ns>/istio_allow_waypoint_<ns>_<name>`), listed by the
+    /// workloads behind it, so their ALLOW policies need not name the waypoint.
+    #[arg(
+        long,
+        env = "AMBIENTD_AUTO_ALLOW_WAYPOINT_POLICY",
+        default_value_t = false,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub auto_allow_waypoint_policy: bool,
+
     /// Quiet period before a batch of changes is pushed (istiod's PILOT_DEBOUNCE_AFTER is
     /// 100ms); `0` pushes as soon as queued events are applied. The default is 0: measured
     /// (BENCHMARKS.md, T4/T8), a quiet period only adds latency, since events queued while the
@@ -465,6 +478,7 @@ impl TryFrom<ServeArgs> for Config {
                 service_entry_visibility: mesh
                     .and_then(|m| m.service_entry_visibility)
                     .map(std::sync::Arc::new),
+                auto_allow_waypoint_policy: args.auto_allow_waypoint_policy,
             },
             log_filter: None,
             debounce: crate::push::Debounce {
@@ -553,6 +567,19 @@ mod tests {
         let error = Config::try_from(parse(&["--mesh-config", bad.to_str().unwrap()]).unwrap())
             .unwrap_err();
         assert!(error.contains("trustDomain"), "{error}");
+    }
+
+    #[test]
+    fn the_implicit_waypoint_policy_is_off_unless_asked_for() {
+        let off = Config::try_from(parse(&["--manifests", "x"]).unwrap()).unwrap();
+        assert!(!off.settings.auto_allow_waypoint_policy);
+        for args in [
+            &["--manifests", "x", "--auto-allow-waypoint-policy"][..],
+            &["--manifests", "x", "--auto-allow-waypoint-policy=true"][..],
+        ] {
+            let on = Config::try_from(parse(args).unwrap()).unwrap();
+            assert!(on.settings.auto_allow_waypoint_policy, "{args:?}");
+        }
     }
 
     #[test]

@@ -711,8 +711,10 @@ fn every_flag_the_chart_passes_is_in_the_readme() {
         "ca": {"mode": "cacerts", "tlsSans": ["x.example"]},
         "service": {"name": "other"},
         "discoverySelectors": [{"matchLabels": {"a": "b"}}],
+        "autoAllowWaypointPolicy": true,
     });
     let rendered = helm.render(values, NS);
+    assert!(parse_args(&rendered).settings.auto_allow_waypoint_policy);
     for arg in rendered.args().iter().skip(1) {
         let flag = arg.split('=').next().unwrap();
         assert!(

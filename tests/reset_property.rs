@@ -120,7 +120,10 @@ fn pod_object() -> impl Strategy<Value = Object> {
             any::<bool>(),
             select(&["Running", "Pending", "Succeeded"][..]),
         ),
-        option::of(select(&[8080u16, 9090][..])),
+        (
+            option::of(select(&[8080u16, 9090][..])),
+            select(&["default", "waypoint"][..]),
+        ),
     )
         .prop_map(
             |(
@@ -128,7 +131,7 @@ fn pod_object() -> impl Strategy<Value = Object> {
                 (mut labels, instance),
                 (pod_ip, node_name),
                 (ready, phase),
-                port,
+                (port, service_account),
             )| {
                 if instance {
                     labels.insert("gateway.networking.k8s.io/gateway-name", "wp");
@@ -141,6 +144,7 @@ fn pod_object() -> impl Strategy<Value = Object> {
                         ready,
                         phase: phase.into(),
                         ports: port.map(|p| cport("web", p)).into_iter().collect(),
+                        service_account: service_account.into(),
                         ..pod(&ns, name, pod_ip)
                     }
                     .into(),
@@ -476,17 +480,17 @@ fn of_kind(objects: &BTreeMap<ObjectRef, Object>, kind: Kind) -> Vec<Object> {
         .collect()
 }
 
-/// The index settings: the defaults, or with meshConfig.serviceEntryVisibility configured so
-/// that Namespace labels decide ServiceEntry visibility (`team: x` NAMESPACE, `tier:
-/// untrusted` NONE, else PUBLIC).
-fn settings(visibility: bool) -> Settings {
+/// The index settings: the defaults, or with the options that add dependencies: implicit
+/// waypoint policies, and meshConfig.serviceEntryVisibility configured so that Namespace labels
+/// decide ServiceEntry visibility (`team: x` NAMESPACE, `tier: untrusted` NONE, else PUBLIC).
+fn settings(options: bool) -> Settings {
     use ambientd::discovery::visibility::{ServiceEntryVisibility, Visibility, VisibilityPolicy};
     let policy = |visibility, key: &str, value: &str| VisibilityPolicy {
         visibility,
         rules: vec![NamespaceSelector::labels(labels(&[(key, value)]))],
     };
     Settings {
-        service_entry_visibility: visibility.then(|| {
+        service_entry_visibility: options.then(|| {
             std::sync::Arc::new(ServiceEntryVisibility {
                 default: Visibility::Public,
                 policies: vec![
@@ -495,13 +499,14 @@ fn settings(visibility: bool) -> Settings {
                 ],
             })
         }),
+        auto_allow_waypoint_policy: options,
         ..Settings::default()
     }
 }
 
 /// An index built from nothing with `objects`, applying kinds in `order`.
-fn cold(objects: &BTreeMap<ObjectRef, Object>, order: &[Kind], visibility: bool) -> Index {
-    let mut index = Index::new(settings(visibility));
+fn cold(objects: &BTreeMap<ObjectRef, Object>, order: &[Kind], options: bool) -> Index {
+    let mut index = Index::new(settings(options));
     for kind in order {
         for object in of_kind(objects, *kind) {
             index.apply(object);
@@ -586,9 +591,9 @@ proptest! {
     #[test]
     fn incremental_steps_then_relist_equal_a_cold_build(
         steps in steps(),
-        visibility in any::<bool>(),
+        options in any::<bool>(),
     ) {
-        let mut index = Index::new(settings(visibility));
+        let mut index = Index::new(settings(options));
         let mut before = index.snapshot();
         for (i, step) in steps.iter().enumerate() {
             let changes = run(&mut index, step);
@@ -610,7 +615,7 @@ proptest! {
             prop_assert!(changes.is_empty(), "relist of {} changed {:?}", kind, changes);
         }
         let warm = index.snapshot();
-        let cold = cold(&objects, &Kind::ALL, visibility).snapshot();
+        let cold = cold(&objects, &Kind::ALL, options).snapshot();
         prop_assert_eq!(observed(&warm), observed(&cold));
     }
 
@@ -621,9 +626,9 @@ proptest! {
     fn relist_after_missed_events_equals_a_cold_build(
         steps in steps(),
         relisted in object_set(),
-        visibility in any::<bool>(),
+        options in any::<bool>(),
     ) {
-        let mut index = Index::new(settings(visibility));
+        let mut index = Index::new(settings(options));
         for step in &steps {
             run(&mut index, step);
         }
@@ -642,7 +647,7 @@ proptest! {
         );
         prop_assert!(upserted.is_subset(&changes.authorizations.upserted), "{:?}", changes);
         prop_assert!(removed.is_subset(&changes.authorizations.removed), "{:?}", changes);
-        let cold = cold(&relisted, &Kind::ALL, visibility).snapshot();
+        let cold = cold(&relisted, &Kind::ALL, options).snapshot();
         prop_assert_eq!(observed(&warm), observed(&cold));
     }
 
@@ -651,12 +656,12 @@ proptest! {
     #[test]
     fn cold_build_is_independent_of_kind_order(
         objects in object_set(),
-        visibility in any::<bool>(),
+        options in any::<bool>(),
     ) {
         let mut reversed = Kind::ALL;
         reversed.reverse();
-        let forward = cold(&objects, &Kind::ALL, visibility).snapshot();
-        let backward = cold(&objects, &reversed, visibility).snapshot();
+        let forward = cold(&objects, &Kind::ALL, options).snapshot();
+        let backward = cold(&objects, &reversed, options).snapshot();
         prop_assert_eq!(observed(&forward), observed(&backward));
     }
 }

@@ -78,6 +78,16 @@ pub fn workload_entry(
     // Exactly like a pod: a waypoint's own entry uses none and carries its inbound binding.
     let (binding, application_tunnel) =
         waypoint::workload_binding(store, &we.namespace, &we.labels, reads);
+    let services = membership::services_map(settings, store, &we.namespace, member);
+    let mut authorization_policies =
+        policies::workload_policies(settings, store, &we.namespace, &we.labels);
+    authorization_policies.extend(policies::implicit_waypoint_references(
+        settings,
+        store,
+        binding.key(),
+        &services,
+        reads,
+    ));
     Workload {
         uid: workload_entry_uid(&settings.cluster_id, &we.namespace, &we.name),
         name: we.name.clone(),
@@ -89,13 +99,8 @@ pub fn workload_entry(
         native_tunnel,
         waypoint: binding.into_address(),
         application_tunnel,
-        services: membership::services_map(settings, store, &we.namespace, member),
-        authorization_policies: policies::workload_policies(
-            settings,
-            store,
-            &we.namespace,
-            &we.labels,
-        ),
+        services,
+        authorization_policies,
         ..from_endpoint(settings, store, &we.endpoint)
     }
 }
@@ -143,6 +148,15 @@ pub fn service_entry_workloads(
             // as for a pod (an instance of a waypoint uses none).
             let (binding, application_tunnel) =
                 waypoint::workload_binding(store, &se.namespace, &endpoint.labels, reads);
+            workload
+                .authorization_policies
+                .extend(policies::implicit_waypoint_references(
+                    settings,
+                    store,
+                    binding.key(),
+                    &workload.services,
+                    reads,
+                ));
             workload.waypoint = binding.into_address();
             workload.application_tunnel = application_tunnel;
             out.entry(workload.uid.clone()).or_insert(workload);
@@ -171,7 +185,16 @@ pub fn service_entry_workloads(
             address: host.clone(),
             ..Default::default()
         };
-        let workload = base(&endpoint, host, services);
+        let mut workload = base(&endpoint, host, services);
+        workload
+            .authorization_policies
+            .extend(policies::implicit_waypoint_references(
+                settings,
+                store,
+                None,
+                &workload.services,
+                reads,
+            ));
         out.insert(workload.uid.clone(), workload);
     }
     out

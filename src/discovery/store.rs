@@ -5,7 +5,7 @@
 //! resources; the index does that.
 
 use std::borrow::Borrow;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -19,7 +19,7 @@ use crate::discovery::model::{
 };
 use crate::discovery::names::service_hostname;
 use crate::discovery::visibility::{ServiceEntryVisibility, Visibility};
-use crate::discovery::waypoint::Waypoint;
+use crate::discovery::waypoint::{GATEWAY_NAME_LABEL, Waypoint};
 
 /// The label on the system namespace that names the local network.
 pub const NETWORK_LABEL: &str = "topology.istio.io/network";
@@ -74,6 +74,10 @@ pub struct Store {
     selectors: HashMap<String, HashMap<String, HashMap<String, SmallSet<ServiceRef>>>>,
     /// meshConfig.serviceEntryVisibility (the index's settings); `None`: not configured.
     pub visibility: Option<Arc<ServiceEntryVisibility>>,
+    /// Gateway `(namespace, name)` -> service account -> how many pods of that namespace
+    /// labelled `gateway.networking.k8s.io/gateway-name: <name>` run as it (the waypoint's
+    /// instances, whose identities the implicit waypoint policy allows).
+    waypoint_accounts: HashMap<Key, BTreeMap<String, u32>>,
 }
 
 fn key(namespace: &str, name: &str) -> Key {
@@ -231,6 +235,15 @@ impl Store {
         Some(config.resolve(self.namespace_labels(namespace)))
     }
 
+    /// The service accounts of a gateway's instance pods (its namespace's pods labelled with
+    /// its name), sorted.
+    pub fn waypoint_accounts(&self, gateway: &Key) -> impl Iterator<Item = &str> {
+        self.waypoint_accounts
+            .get(gateway)
+            .into_iter()
+            .flat_map(|accounts| accounts.keys().map(String::as_str))
+    }
+
     /// Whether the entries of `namespace` may be seen only there: NAMESPACE visibility.
     pub fn entries_namespace_local(&self, namespace: &str) -> bool {
         self.entry_visibility(namespace) == Some(Visibility::Namespace)
@@ -312,6 +325,14 @@ impl Store {
                 // The namespace is listed among those with members (a root-namespace policy
                 // reaches every one of them).
                 self.member_mut(&k.0);
+                if let Some(gateway) = p.labels().get(GATEWAY_NAME_LABEL) {
+                    *self
+                        .waypoint_accounts
+                        .entry(key(&k.0, gateway))
+                        .or_default()
+                        .entry(p.service_account().to_string())
+                        .or_default() += 1;
+                }
                 self.pods.insert(p);
             }
             Object::Service(s) => {
@@ -387,7 +408,24 @@ impl Store {
                 .remove(&reference.name)
                 .map(Object::GatewayClass),
             Kind::Gateway => self.gateways.remove(&k).map(Object::Gateway),
-            Kind::Pod => self.pods.remove(&k.0, &k.1).map(Object::Pod),
+            Kind::Pod => {
+                let pod = self.pods.remove(&k.0, &k.1)?;
+                if let Some(gateway) = pod.labels().get(GATEWAY_NAME_LABEL) {
+                    let gateway = key(&k.0, gateway);
+                    if let Some(accounts) = self.waypoint_accounts.get_mut(&gateway) {
+                        if let Some(count) = accounts.get_mut(pod.service_account()) {
+                            *count -= 1;
+                            if *count == 0 {
+                                accounts.remove(pod.service_account());
+                            }
+                        }
+                        if accounts.is_empty() {
+                            self.waypoint_accounts.remove(&gateway);
+                        }
+                    }
+                }
+                Some(Object::Pod(pod))
+            }
             Kind::Service => {
                 let service = ServiceRef::Kube(k.clone());
                 let hosts = self.claimed_hostnames(&service, settings);

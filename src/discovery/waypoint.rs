@@ -194,6 +194,14 @@ pub enum Binding {
 }
 
 impl Binding {
+    /// The waypoint bound to, if any.
+    pub fn key(&self) -> Option<&Key> {
+        match self {
+            Binding::Bound { key, .. } => Some(key),
+            Binding::Unbound | Binding::Failed(_) => None,
+        }
+    }
+
     pub fn into_address(self) -> Option<GatewayAddress> {
         match self {
             Binding::Bound { address, .. } => Some(address),

@@ -37,6 +37,16 @@ pub fn build(
     // A waypoint's own pods never use a waypoint; they may carry its inbound binding.
     let (binding, application_tunnel) =
         waypoint::workload_binding(store, pod.namespace(), pod.labels(), reads);
+    let services = membership::services_map(settings, store, pod.namespace(), Member::Pod(pod));
+    let mut authorization_policies =
+        policies::workload_policies(settings, store, pod.namespace(), pod.labels());
+    authorization_policies.extend(policies::implicit_waypoint_references(
+        settings,
+        store,
+        binding.key(),
+        &services,
+        reads,
+    ));
     let waypoint = binding.into_address();
     Some(Workload {
         uid: pod_uid(&settings.cluster_id, pod.namespace(), pod.name()),
@@ -53,13 +63,8 @@ pub fn build(
         canonical_revision: canonical_revision(pod.labels()),
         workload_type: WorkloadType::Pod as i32,
         workload_name,
-        services: membership::services_map(settings, store, pod.namespace(), Member::Pod(pod)),
-        authorization_policies: policies::workload_policies(
-            settings,
-            store,
-            pod.namespace(),
-            pod.labels(),
-        ),
+        services,
+        authorization_policies,
         waypoint,
         application_tunnel,
         status: if healthy {

@@ -157,9 +157,10 @@ pub fn load_text(text: &str) -> Result<Vec<Case>, String> {
 ///
 /// Defaults are the header's. `domain_suffix` becomes `Settings::domain`; `system_namespace`
 /// (whose `topology.istio.io/network` label names the local network) and `root_namespace`
-/// (mesh-wide policies) map one to one; `mesh_config` may set `serviceEntryVisibility`.
-/// `revision`, other mesh config fields and `features` have no ambientd equivalent here: a
-/// case setting them cannot run.
+/// (mesh-wide policies) map one to one; `mesh_config` may set `serviceEntryVisibility`, and
+/// `features` `PILOT_AUTO_ALLOW_WAYPOINT_POLICY` (`--auto-allow-waypoint-policy`). `revision`,
+/// other mesh config fields and other features have no ambientd equivalent here: a case
+/// setting them cannot run.
 pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
     let s = &case.settings;
     let notes = Vec::new();
@@ -173,8 +174,23 @@ pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
         Some(m) if !m.is_empty() => Some(mesh_settings(m)?),
         _ => None,
     };
-    if s.features.as_ref().is_some_and(|f| !f.is_empty()) {
-        return Err("settings.features (non-default istiod flags) are not supported".into());
+    let mut auto_allow_waypoint_policy = false;
+    for (flag, value) in s.features.iter().flatten() {
+        let on = match value {
+            Value::Bool(b) => *b,
+            Value::String(text) => text
+                .parse::<bool>()
+                .map_err(|_| format!("settings.features.{flag}: {text:?} is not true or false"))?,
+            other => {
+                return Err(format!(
+                    "settings.features.{flag}: {other} is not a boolean"
+                ));
+            }
+        };
+        match flag.as_str() {
+            "PILOT_AUTO_ALLOW_WAYPOINT_POLICY" => auto_allow_waypoint_policy = on,
+            other => return Err(format!("settings.features.{other} is not supported")),
+        }
     }
     let system = s.system_namespace.clone().unwrap_or("istio-system".into());
     // `network` is informational; it must agree with the label the index will read.
@@ -198,6 +214,7 @@ pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
         service_entry_visibility: mesh
             .and_then(|m| m.service_entry_visibility)
             .map(std::sync::Arc::new),
+        auto_allow_waypoint_policy,
         ..Settings::default()
     };
     Ok((settings, notes))

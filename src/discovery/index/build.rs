@@ -204,6 +204,9 @@ impl Index {
                 authorization(policies::converted_peer_policy(settings, store, k))
             }
             Target::StaticStrict => authorization(policies::static_strict(settings, store)),
+            Target::WaypointPolicy(k) => authorization(policies::implicit_waypoint_policy(
+                settings, store, k, reads,
+            )),
         }
     }
 }

@@ -7,7 +7,7 @@ use crate::discovery::index::{Index, Target};
 use crate::discovery::model::{Kind, Object, ObjectRef, selects};
 use crate::discovery::names::service_hostname;
 use crate::discovery::store::{Key, ServiceRef, slice_pods};
-use crate::discovery::waypoint::Waypoint;
+use crate::discovery::waypoint::{GATEWAY_NAME_LABEL, Waypoint};
 
 impl Index {
     /// Waypoints and the network, which many objects read: recompute them after a change and
@@ -79,6 +79,9 @@ impl Index {
                 .map(Target::PeerAuthentication),
         );
         all.push(Target::StaticStrict);
+        if self.settings.auto_allow_waypoint_policy {
+            all.extend(s.gateways.keys().cloned().map(Target::WaypointPolicy));
+        }
         all
     }
 
@@ -222,8 +225,24 @@ impl Index {
                     .map(pod_target),
             ),
             // Waypoints are handled by `after_change`.
-            Object::Gateway(_) | Object::GatewayClass(_) => {}
-            Object::Pod(_) => {
+            Object::Gateway(_) => {
+                if self.settings.auto_allow_waypoint_policy {
+                    targets.insert(Target::WaypointPolicy(key));
+                }
+            }
+            Object::GatewayClass(_) => {}
+            Object::Pod(pod) => {
+                // A waypoint's instance: its identity is in the waypoint's implicit policy,
+                // which the workloads behind the waypoint list only while it has instances.
+                if self.settings.auto_allow_waypoint_policy
+                    && let Some(gateway) = pod.labels().get(GATEWAY_NAME_LABEL)
+                {
+                    let gateway = (key.0.clone(), gateway.to_string());
+                    if let Some(readers) = self.waypoint_readers.get(&gateway) {
+                        targets.extend(readers.iter().cloned());
+                    }
+                    targets.insert(Target::WaypointPolicy(gateway));
+                }
                 targets.insert(Target::Pod(key));
             }
             Object::WorkloadEntry(_) => {

@@ -52,6 +52,9 @@ pub struct Settings {
     /// meshConfig.serviceEntryVisibility; `None` when not configured (every ServiceEntry is
     /// public and no `istio.io/VisibilityApplied` condition is written).
     pub service_entry_visibility: Option<Arc<ServiceEntryVisibility>>,
+    /// istiod's `PILOT_AUTO_ALLOW_WAYPOINT_POLICY` (default off): each waypoint with instances
+    /// gets an ALLOW policy for its identities, listed by the workloads behind it.
+    pub auto_allow_waypoint_policy: bool,
 }
 
 impl Default for Settings {
@@ -64,6 +67,7 @@ impl Default for Settings {
             root_namespace: "istio-system".into(),
             revision: "default".into(),
             service_entry_visibility: None,
+            auto_allow_waypoint_policy: false,
         }
     }
 }
@@ -91,6 +95,8 @@ pub enum Target {
     Policy(Key),
     PeerAuthentication(Key),
     StaticStrict,
+    /// A waypoint's implicit ALLOW policy (`auto_allow_waypoint_policy`).
+    WaypointPolicy(Key),
 }
 
 /// Applies events and keeps every resource built and encoded. One owner; readers get snapshots.
