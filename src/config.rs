@@ -132,6 +132,19 @@ pub struct ServeArgs {
     )]
     pub auto_allow_waypoint_policy: bool,
 
+    /// istiod's AMBIENT_ENABLE_DRY_RUN_AUTHORIZATION_POLICY: AuthorizationPolicies annotated
+    /// `istio.io/dry-run: "true"` are sent to ztunnel marked dry-run (it logs what they would
+    /// decide and enforces nothing) instead of not at all.
+    #[arg(
+        long,
+        env = "AMBIENTD_DRY_RUN_AUTHORIZATION_POLICY",
+        default_value_t = false,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub dry_run_authorization_policy: bool,
+
     /// Quiet period before a batch of changes is pushed (istiod's PILOT_DEBOUNCE_AFTER is
     /// 100ms); `0` pushes as soon as queued events are applied. The default is 0: measured
     /// (BENCHMARKS.md, T4/T8), a quiet period only adds latency, since events queued while the
@@ -479,6 +492,7 @@ impl TryFrom<ServeArgs> for Config {
                     .and_then(|m| m.service_entry_visibility)
                     .map(std::sync::Arc::new),
                 auto_allow_waypoint_policy: args.auto_allow_waypoint_policy,
+                dry_run_authorization: args.dry_run_authorization_policy,
             },
             log_filter: None,
             debounce: crate::push::Debounce {
@@ -570,9 +584,10 @@ mod tests {
     }
 
     #[test]
-    fn the_implicit_waypoint_policy_is_off_unless_asked_for() {
+    fn istiods_authorization_feature_flags_are_off_unless_asked_for() {
         let off = Config::try_from(parse(&["--manifests", "x"]).unwrap()).unwrap();
         assert!(!off.settings.auto_allow_waypoint_policy);
+        assert!(!off.settings.dry_run_authorization);
         for args in [
             &["--manifests", "x", "--auto-allow-waypoint-policy"][..],
             &["--manifests", "x", "--auto-allow-waypoint-policy=true"][..],
@@ -580,6 +595,11 @@ mod tests {
             let on = Config::try_from(parse(args).unwrap()).unwrap();
             assert!(on.settings.auto_allow_waypoint_policy, "{args:?}");
         }
+        let on = Config::try_from(
+            parse(&["--manifests", "x", "--dry-run-authorization-policy"]).unwrap(),
+        )
+        .unwrap();
+        assert!(on.settings.dry_run_authorization);
     }
 
     #[test]

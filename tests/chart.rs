@@ -712,9 +712,11 @@ fn every_flag_the_chart_passes_is_in_the_readme() {
         "service": {"name": "other"},
         "discoverySelectors": [{"matchLabels": {"a": "b"}}],
         "autoAllowWaypointPolicy": true,
+        "dryRunAuthorizationPolicy": true,
     });
     let rendered = helm.render(values, NS);
-    assert!(parse_args(&rendered).settings.auto_allow_waypoint_policy);
+    let settings = parse_args(&rendered).settings;
+    assert!(settings.auto_allow_waypoint_policy && settings.dry_run_authorization);
     for arg in rendered.args().iter().skip(1) {
         let flag = arg.split('=').next().unwrap();
         assert!(

@@ -375,3 +375,55 @@ fn a_status_only_change_is_a_change() {
     assert_eq!(since.into_iter().collect::<Vec<_>>(), vec![object]);
     assert!(after.changes_since(before).unwrap().is_empty());
 }
+
+/// istiod's AMBIENT_ENABLE_DRY_RUN_AUTHORIZATION_POLICY (`Settings::dry_run_authorization`): off,
+/// a dry-run policy is not sent, not listed, and its status says why; on, it is sent marked
+/// `dry_run`, listed by the workloads it selects, and accepted.
+#[test]
+fn dry_run_policies_are_sent_marked_only_when_enabled() {
+    use ambientd::discovery::{Index, Settings};
+    use ambientd::pb::security::Authorization;
+    use prost::Message;
+    let policy = AuthorizationPolicy {
+        name: "p".into(),
+        namespace: NS.into(),
+        dry_run: true,
+        selector: Some(labels(&[("app", "web")])),
+        rules: vec![PolicyRule::default()],
+        ..Default::default()
+    };
+    for enabled in [false, true] {
+        let mut index = Index::new(Settings {
+            dry_run_authorization: enabled,
+            ..Settings::default()
+        });
+        for object in base() {
+            index.apply(object);
+        }
+        index.apply(Object::Pod(
+            pod_with(NS, "web", "10.0.0.1", &[("app", "web")]).into(),
+        ));
+        index.apply(Object::AuthorizationPolicy(policy.clone()));
+        let snapshot = index.snapshot();
+        let sent = snapshot
+            .authorizations
+            .get("demo/p")
+            .map(|r| Authorization::decode(&r.value()[..]).unwrap());
+        let listed = workload(&mut index, &uid(NS, "web")).authorization_policies;
+        let status = condition(
+            &mut index,
+            &target(StatusKind::AuthorizationPolicy, NS, "p"),
+        );
+        if enabled {
+            assert!(sent.expect("sent").dry_run);
+            assert_eq!(listed, ["demo/p"]);
+            assert_eq!(status.map(|s| (s.0, s.1)), Some((true, "Accepted".into())));
+        } else {
+            assert!(sent.is_none());
+            assert!(listed.is_empty());
+            let (ok, reason, message) = status.expect("a status");
+            assert!(!ok && reason == "UnsupportedValue", "{reason}");
+            assert!(message.contains("dry-run"), "{message}");
+        }
+    }
+}

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::discovery::authorization::{self, ConvertedPolicy, policy_selects};
+use crate::discovery::authorization::{self, ConvertOptions, ConvertedPolicy, selector_attaches};
 use crate::discovery::index::Settings;
 use crate::discovery::model::{Labels, PeerAuthentication};
 use crate::discovery::peer_authentication::{self, converted_policy, static_strict_policy};
@@ -28,7 +28,10 @@ pub fn workload_policies(
     let mut names: Vec<String> = store
         .policies_in(namespace)
         .chain(store.policies_in(root).filter(|_| namespace != root))
-        .filter(|p| policy_selects(p, namespace, labels, root))
+        .filter(|p| {
+            p.is_sent_with(settings.dry_run_authorization)
+                && selector_attaches(p, namespace, labels, root)
+        })
         .map(|p| p.xds_name())
         .collect();
     names.sort();
@@ -47,9 +50,12 @@ pub fn workload_policies(
 /// The Authorization (if ztunnel should see it) and the status of one AuthorizationPolicy.
 pub fn convert(settings: &Settings, store: &Store, key: &Key) -> Option<ConvertedPolicy> {
     let policy = store.policies.get(key)?;
-    Some(authorization::convert_policy(
+    Some(authorization::convert_policy_with(
         policy,
-        &settings.root_namespace,
+        ConvertOptions {
+            root_namespace: &settings.root_namespace,
+            dry_run_enabled: settings.dry_run_authorization,
+        },
     ))
 }
 

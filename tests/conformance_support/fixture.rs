@@ -158,7 +158,8 @@ pub fn load_text(text: &str) -> Result<Vec<Case>, String> {
 /// Defaults are the header's. `domain_suffix` becomes `Settings::domain`; `system_namespace`
 /// (whose `topology.istio.io/network` label names the local network) and `root_namespace`
 /// (mesh-wide policies) map one to one; `mesh_config` may set `serviceEntryVisibility`, and
-/// `features` `PILOT_AUTO_ALLOW_WAYPOINT_POLICY` (`--auto-allow-waypoint-policy`). `revision`,
+/// `features` `PILOT_AUTO_ALLOW_WAYPOINT_POLICY` (`--auto-allow-waypoint-policy`) and
+/// `AMBIENT_ENABLE_DRY_RUN_AUTHORIZATION_POLICY` (`--dry-run-authorization-policy`). `revision`,
 /// other mesh config fields and other features have no ambientd equivalent here: a case
 /// setting them cannot run.
 pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
@@ -174,7 +175,7 @@ pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
         Some(m) if !m.is_empty() => Some(mesh_settings(m)?),
         _ => None,
     };
-    let mut auto_allow_waypoint_policy = false;
+    let (mut auto_allow_waypoint_policy, mut dry_run_authorization) = (false, false);
     for (flag, value) in s.features.iter().flatten() {
         let on = match value {
             Value::Bool(b) => *b,
@@ -189,6 +190,7 @@ pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
         };
         match flag.as_str() {
             "PILOT_AUTO_ALLOW_WAYPOINT_POLICY" => auto_allow_waypoint_policy = on,
+            "AMBIENT_ENABLE_DRY_RUN_AUTHORIZATION_POLICY" => dry_run_authorization = on,
             other => return Err(format!("settings.features.{other} is not supported")),
         }
     }
@@ -215,6 +217,7 @@ pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
             .and_then(|m| m.service_entry_visibility)
             .map(std::sync::Arc::new),
         auto_allow_waypoint_policy,
+        dry_run_authorization,
         ..Settings::default()
     };
     Ok((settings, notes))

@@ -159,6 +159,12 @@ impl AuthorizationPolicy {
     pub fn is_sent_to_ztunnel(&self) -> bool {
         convert::is_sent(self, false)
     }
+
+    /// [`Self::is_sent_to_ztunnel`] with dry-run support on or off
+    /// ([`ConvertOptions::dry_run_enabled`]).
+    pub fn is_sent_with(&self, dry_run_enabled: bool) -> bool {
+        convert::is_sent(self, dry_run_enabled)
+    }
 }
 
 /// Whether a workload lists `policy` in `Workload.authorization_policies` (istiod's

@@ -55,6 +55,9 @@ pub struct Settings {
     /// istiod's `PILOT_AUTO_ALLOW_WAYPOINT_POLICY` (default off): each waypoint with instances
     /// gets an ALLOW policy for its identities, listed by the workloads behind it.
     pub auto_allow_waypoint_policy: bool,
+    /// istiod's `AMBIENT_ENABLE_DRY_RUN_AUTHORIZATION_POLICY` (default off): policies annotated
+    /// `istio.io/dry-run` are sent with `dry_run` (ztunnel only logs them) instead of not at all.
+    pub dry_run_authorization: bool,
 }
 
 impl Default for Settings {
@@ -68,6 +71,7 @@ impl Default for Settings {
             revision: "default".into(),
             service_entry_visibility: None,
             auto_allow_waypoint_policy: false,
+            dry_run_authorization: false,
         }
     }
 }
