@@ -354,3 +354,23 @@ fn a_namespace_local_entry_drops_a_canary_of_another_namespace() {
     let weights: Vec<u32> = s.weighted_waypoints.iter().map(|w| w.weight).collect();
     assert_eq!(weights, [80, 20]);
 }
+
+#[test]
+fn a_namespace_label_change_re_emits_exactly_its_entries_and_their_rivals() {
+    let mut objects = mesh();
+    objects.extend([
+        // Bystanders: a pod of team-a, and an entry of team-b for another host.
+        Object::Pod(pod_with(PRIVATE, "web", "10.1.0.9", &[("app", "web")]).into()),
+        Object::ServiceEntry(service_entry(TRUSTED, "other", &["other.example.com"])),
+    ]);
+    let mut index = index(Some(config()), objects);
+    index.snapshot();
+    let changes = index.apply(Object::Namespace(ns_with(PRIVATE, &[("trusted", "true")])));
+    // team-a's entry turns PUBLIC and canonical; team-b's loses canonical. Nothing else differs.
+    assert_eq!(
+        changes.addresses.upserted,
+        set(&[host_key(PRIVATE, HOST), host_key(TRUSTED, HOST)])
+    );
+    assert!(changes.addresses.removed.is_empty());
+    assert!(changes.authorizations.is_empty());
+}

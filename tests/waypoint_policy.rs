@@ -205,3 +205,26 @@ fn the_services_waypoints_come_first_then_the_workloads_own() {
     ));
     assert_eq!(references(&mut index, "api-3"), [WP]);
 }
+
+#[test]
+fn an_instance_re_emits_exactly_the_policy_and_the_workloads_behind_the_waypoint() {
+    let without_instances: Vec<Object> = mesh()
+        .into_iter()
+        .filter(|o| !matches!(o, Object::Pod(p) if p.name().starts_with("wp-")))
+        .collect();
+    let mut index = index(true, without_instances);
+    assert!(authorization(&mut index, WP).is_none());
+    index.snapshot();
+    // The first instance: the policy appears, and the workloads behind the waypoint list it.
+    let changes = index.apply(instance("wp-1", "10.0.9.1", "wp", "wp-sa"));
+    assert_eq!(changes.authorizations.upserted, set(&[WP]));
+    assert_eq!(
+        changes.addresses.upserted,
+        set(&[uid(NS, "wp-1"), uid(NS, "web"), uid(NS, "api-1")])
+    );
+    index.snapshot();
+    // A second identity changes the policy only.
+    let changes = index.apply(instance("wp-2", "10.0.9.2", "wp", "another"));
+    assert_eq!(changes.authorizations.upserted, set(&[WP]));
+    assert_eq!(changes.addresses.upserted, set(&[uid(NS, "wp-2")]));
+}
