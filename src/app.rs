@@ -252,6 +252,13 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         Source::Cluster(_) => "kubernetes".to_string(),
     };
     let stop = shutdown.clone();
+    if let Some(file) = config.mesh_config.clone() {
+        let (events, stop, every) = (events_tx.clone(), shutdown.clone(), config.mesh_poll);
+        tasks.spawn(async move {
+            crate::kube::mesh_config::follow(file, every, events, stop).await;
+            Ok(())
+        });
+    }
     tasks.spawn(source.run(events_tx, stop));
 
     let ads = AdsServer::new(snapshots.clone(), registry.clone(), metrics.clone())

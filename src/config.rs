@@ -350,6 +350,10 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// Node-scoped pushes (see `--scope-to-node`).
     pub scope_to_node: bool,
+    /// The mesh config file, followed while running; `None` without `--mesh-config`.
+    pub mesh_config: Option<crate::kube::mesh_config::MeshFile>,
+    /// How often the mesh config file is read again.
+    pub mesh_poll: Duration,
 }
 
 impl Config {
@@ -369,6 +373,8 @@ impl Config {
             writes: None,
             shutdown_grace: Duration::from_secs(10),
             scope_to_node: false,
+            mesh_config: None,
+            mesh_poll: crate::kube::mesh_config::POLL,
         }
     }
 }
@@ -475,6 +481,11 @@ impl TryFrom<ServeArgs> for Config {
             Source::Cluster(_) => Some(cluster_writes(&args)?),
         };
         let ca = Some(args.ca.into_config()?);
+        let mesh_config = args
+            .mesh_config
+            .clone()
+            .zip(mesh.clone())
+            .map(|(path, settings)| crate::kube::mesh_config::MeshFile { path, settings });
         Ok(Config {
             writes,
             source,
@@ -503,6 +514,8 @@ impl TryFrom<ServeArgs> for Config {
             stream_idle_timeout: Some(args.stream_idle_timeout).filter(|i| !i.is_zero()),
             shutdown_grace: args.shutdown_grace,
             scope_to_node: args.scope_to_node,
+            mesh_config,
+            mesh_poll: crate::kube::mesh_config::POLL,
         })
     }
 }

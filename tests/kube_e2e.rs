@@ -46,7 +46,7 @@ async fn syncs_a_real_cluster_and_serves_its_pods() {
             Event::Apply(object) => vec![object],
             Event::Reset(_, objects) => objects,
             Event::Synced => break,
-            Event::Delete(_) => Vec::new(),
+            Event::Delete(_) | Event::Visibility(_) => Vec::new(),
         };
         for object in objects {
             *counts.entry(object.kind()).or_default() += 1;

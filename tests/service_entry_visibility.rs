@@ -374,3 +374,45 @@ fn a_namespace_label_change_re_emits_exactly_its_entries_and_their_rivals() {
     assert!(changes.addresses.removed.is_empty());
     assert!(changes.authorizations.is_empty());
 }
+
+#[test]
+fn a_new_visibility_at_runtime_re_emits_only_what_differs() {
+    let mut objects = mesh();
+    objects.push(Object::Pod(
+        pod_with(PRIVATE, "web", "10.1.0.9", &[("app", "web")]).into(),
+    ));
+    let mut index = index(Some(config()), objects);
+    index.snapshot();
+    // The same configuration again: nothing.
+    assert!(
+        index
+            .set_visibility(Some(Arc::new(config())))
+            .addresses
+            .is_empty()
+    );
+    // Not configured any more: every entry is public, the sandbox's appears with its endpoint,
+    // and as the oldest it takes canonical. Bystanders are untouched.
+    let changes = index.set_visibility(None);
+    assert_eq!(
+        changes.addresses.upserted,
+        set(&[
+            host_key(PRIVATE, HOST),
+            host_key(TRUSTED, HOST),
+            host_key(BLOCKED, HOST),
+            se_uid(BLOCKED, "api", "10.3.0.1"),
+        ])
+    );
+    assert!(changes.addresses.removed.is_empty());
+    assert!(service(&mut index, &host_key(BLOCKED, HOST)).canonical);
+    // The VisibilityApplied conditions go.
+    assert_eq!(
+        condition(&mut index, StatusKind::ServiceEntryVisibility, PRIVATE),
+        None
+    );
+    assert!(
+        changes
+            .statuses
+            .iter()
+            .any(|t| t.kind == StatusKind::ServiceEntryVisibility && t.namespace == PRIVATE)
+    );
+}

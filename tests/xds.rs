@@ -577,6 +577,8 @@ async fn service_entry_visibility_from_the_mesh_config_shapes_what_is_sent() {
     let parsed = Config::try_from(*args).unwrap();
     let config = Config {
         settings: parsed.settings,
+        mesh_config: parsed.mesh_config,
+        mesh_poll: Duration::from_millis(50),
         ..Config::local(manifests.root())
     };
     let running = ambientd::app::start(config).await.expect("start ambientd");
@@ -600,5 +602,23 @@ async fn service_entry_visibility_from_the_mesh_config_shapes_what_is_sent() {
     let sent = addresses(&pushed);
     assert_eq!(service(&sent["sandbox/api.example.com"]).visibility, 1);
     assert!(sent.contains_key("Kubernetes/networking.istio.io/ServiceEntry/sandbox/api/10.3.0.1"));
+    client.ack(&pushed).await;
+
+    // The mesh config is followed: a file that does not parse changes nothing...
+    std::fs::write(&mesh_file, "serviceEntryVisibility: [not, a, map]\n").unwrap();
+    client.expect_silence(Duration::from_millis(500)).await;
+    // ... and dropping serviceEntryVisibility makes both entries public, the older canonical.
+    std::fs::write(&mesh_file, "rootNamespace: istio-system\n").unwrap();
+    let pushed = client.recv().await;
+    let sent = addresses(&pushed);
+    let (team_a, sandbox) = (
+        service(&sent["team-a/api.example.com"]),
+        service(&sent["sandbox/api.example.com"]),
+    );
+    assert_eq!((team_a.visibility, sandbox.visibility), (0, 0));
+    assert!(
+        team_a.canonical ^ sandbox.canonical,
+        "exactly one is canonical"
+    );
     running.stop().await;
 }

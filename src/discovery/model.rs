@@ -445,4 +445,7 @@ pub enum Event {
     Reset(Kind, Vec<Object>),
     /// The source has delivered its first full list of every kind.
     Synced,
+    /// meshConfig.serviceEntryVisibility changed (the mesh config file was re-read); `None`:
+    /// no longer configured.
+    Visibility(Option<std::sync::Arc<crate::discovery::visibility::ServiceEntryVisibility>>),
 }

@@ -497,6 +497,7 @@ mod tests {
                 Event::Reset(kind, objects) => format!("reset {kind} {}", objects.len()),
                 Event::Delete(r) => format!("delete {r}"),
                 Event::Synced => "synced".into(),
+                Event::Visibility(_) => "visibility".into(),
             })
             .collect()
     }

@@ -352,6 +352,7 @@ mod tests {
                 Event::Apply(o) => vec![format!("apply {}", o.object_ref())],
                 Event::Delete(r) => vec![format!("delete {r}")],
                 Event::Synced => vec!["synced".to_string()],
+                Event::Visibility(_) => vec!["visibility".to_string()],
             })
             .collect()
     }

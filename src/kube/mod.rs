@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod leader;
 pub mod manifests;
 pub mod mesh;
+pub mod mesh_config;
 pub mod objects;
 pub mod root_configmap;
 pub mod security;

@@ -181,7 +181,21 @@ impl Index {
             Event::Delete(object) => self.delete(&object),
             Event::Reset(kind, objects) => self.reset(kind, objects),
             Event::Synced => Changes::default(),
+            Event::Visibility(visibility) => self.set_visibility(visibility),
         }
+    }
+
+    /// Applies a new meshConfig.serviceEntryVisibility at runtime: every target is rebuilt
+    /// under it, and, as for any change, only resources whose bytes differ (and conditions
+    /// that differ) are reported.
+    pub fn set_visibility(&mut self, visibility: Option<Arc<ServiceEntryVisibility>>) -> Changes {
+        if self.settings.service_entry_visibility == visibility {
+            return Changes::default();
+        }
+        self.settings.service_entry_visibility = visibility.clone();
+        self.store.visibility = visibility;
+        let targets: BTreeSet<Target> = self.all_targets().into_iter().collect();
+        self.rebuild(targets)
     }
 
     /// Creates or replaces one object. An Istio config object of another revision counts as
