@@ -416,3 +416,15 @@ fn a_new_visibility_at_runtime_re_emits_only_what_differs() {
             .any(|t| t.kind == StatusKind::ServiceEntryVisibility && t.namespace == PRIVATE)
     );
 }
+
+#[test]
+fn the_debug_view_shows_each_services_visibility() {
+    let mut index = index(Some(config()), mesh());
+    let snapshot = index.snapshot();
+    let view = |namespace: &str| {
+        let resource = &snapshot.addresses[host_key(namespace, HOST).as_str()];
+        ambientd::debug::render::address(resource)["visibility"].clone()
+    };
+    assert_eq!(view(PRIVATE), "NAMESPACE");
+    assert_eq!(view(TRUSTED), "PUBLIC");
+}

@@ -148,6 +148,7 @@ pub fn service(s: &Service) -> Value {
         "ipFamilies": enum_name!(IpFamilies, s.ip_families),
         "canonical": s.canonical,
         "ingressUseWaypoint": s.ingress_use_waypoint,
+        "visibility": enum_name!(crate::pb::workload::service::Visibility, s.visibility),
     }));
     compact(map)
 }
