@@ -58,15 +58,14 @@ pub async fn follow(
         if last_text.as_ref() == Some(&text) {
             continue;
         }
+        let parsed = MeshSettings::parse(&text);
         last_text = Some(text);
-        let read = last_text.as_deref().map(MeshSettings::parse);
-        let next = match read {
-            Some(Ok(next)) => next,
-            Some(Err(error)) => {
+        let next = match parsed {
+            Ok(next) => next,
+            Err(error) => {
                 warn!(%path, %error, "mesh config does not parse; the last good one stays");
                 continue;
             }
-            None => continue,
         };
         last_error = None;
         if next.service_entry_visibility != current.service_entry_visibility {
