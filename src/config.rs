@@ -115,7 +115,7 @@ pub struct ServeArgs {
     pub root_namespace: Option<String>,
 
     /// istiod revision: Istio config objects whose `istio.io/rev` label names another revision
-    /// are ignored; unlabelled ones are served only by the `default` revision.
+    /// are ignored; unlabelled ones are served by every revision (istiod's `LabelsInRevision`).
     #[arg(long, env = "AMBIENTD_REVISION", default_value = "default", value_parser = non_empty)]
     pub revision: String,
 

@@ -527,3 +527,48 @@ fn pod_uid_follows_a_recreated_pod_without_a_change() {
     index.delete(&ObjectRef::new(Kind::Pod, NS, "p"));
     assert_eq!(index.snapshot().pod_uid(&name), None);
 }
+
+/// istiod's `LabelsInRevision`: an Istio config object without `istio.io/rev` is global and
+/// taken by every revision; a labelled one only by its revision, or by every one when the
+/// revision is empty.
+#[test]
+fn unlabelled_istio_config_is_taken_by_every_revision() {
+    use ambientd::discovery::authorization::AuthorizationPolicy;
+    let policy = |name: &str, rev: Option<&str>| {
+        Object::AuthorizationPolicy(AuthorizationPolicy {
+            name: name.into(),
+            namespace: NS.into(),
+            revision: rev.map(str::to_string),
+            ..Default::default()
+        })
+    };
+    for (revision, expected) in [
+        ("default", &["demo/default", "demo/global"][..]),
+        ("canary", &["demo/canary", "demo/global"][..]),
+        (
+            "",
+            &["demo/canary", "demo/default", "demo/empty", "demo/global"][..],
+        ),
+    ] {
+        let mut index = Index::new(Settings {
+            revision: revision.into(),
+            ..Settings::default()
+        });
+        for object in [
+            policy("global", None),
+            policy("default", Some("default")),
+            policy("canary", Some("canary")),
+            policy("empty", Some("")),
+        ] {
+            index.apply(object);
+        }
+        let snapshot = index.snapshot();
+        let mut names: Vec<String> = snapshot
+            .authorizations
+            .keys()
+            .map(|k| k.to_string())
+            .collect();
+        names.sort();
+        assert_eq!(names, expected, "revision {revision:?}");
+    }
+}

@@ -159,18 +159,13 @@ pub fn load_text(text: &str) -> Result<Vec<Case>, String> {
 /// (whose `topology.istio.io/network` label names the local network) and `root_namespace`
 /// (mesh-wide policies) map one to one; `mesh_config` may set `serviceEntryVisibility`, and
 /// `features` `PILOT_AUTO_ALLOW_WAYPOINT_POLICY` (`--auto-allow-waypoint-policy`) and
-/// `AMBIENT_ENABLE_DRY_RUN_AUTHORIZATION_POLICY` (`--dry-run-authorization-policy`). `revision`,
-/// other mesh config fields and other features have no ambientd equivalent here: a case
-/// setting them cannot run.
+/// `AMBIENT_ENABLE_DRY_RUN_AUTHORIZATION_POLICY` (`--dry-run-authorization-policy`). `revision`
+/// is istiod's (empty by default: every object is taken, as with an unset `REVISION`). Other
+/// mesh config fields and other features have no ambientd equivalent here: a case setting them
+/// cannot run.
 pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
     let s = &case.settings;
     let notes = Vec::new();
-    if s.revision.as_deref().is_some_and(|r| !r.is_empty()) {
-        return Err(format!(
-            "settings.revision {:?} is not supported",
-            s.revision
-        ));
-    }
     let mesh = match &s.mesh_config {
         Some(m) if !m.is_empty() => Some(mesh_settings(m)?),
         _ => None,
@@ -213,6 +208,7 @@ pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
         domain: s.domain_suffix.clone().unwrap_or("cluster.local".into()),
         system_namespace: system,
         root_namespace: s.root_namespace.clone().unwrap_or("istio-system".into()),
+        revision: s.revision.clone().unwrap_or_default(),
         service_entry_visibility: mesh
             .and_then(|m| m.service_entry_visibility)
             .map(std::sync::Arc::new),

@@ -47,7 +47,7 @@ pub struct Settings {
     /// namespace.
     pub root_namespace: String,
     /// istiod's revision: Istio config objects labelled `istio.io/rev` with another value are
-    /// ignored; unlabelled ones are taken when this is `default`.
+    /// ignored; unlabelled ones are always taken (empty: every object is taken).
     pub revision: String,
     /// meshConfig.serviceEntryVisibility; `None` when not configured (every ServiceEntry is
     /// public and no `istio.io/VisibilityApplied` condition is written).
@@ -342,7 +342,9 @@ impl Index {
         }
     }
 
-    /// istiod's revision filter (`ObjectInRevision`) on the Istio config kinds.
+    /// istiod's revision filter (`ObjectInRevision` / `LabelsInRevision`) on the Istio config
+    /// kinds: an object without an `istio.io/rev` label is global and always taken; a labelled
+    /// one only by its revision (by every revision when ours is empty).
     fn accepted(&self, object: &Object) -> bool {
         let revision = match object {
             Object::AuthorizationPolicy(p) => p.revision.as_deref(),
@@ -353,8 +355,10 @@ impl Index {
             _ => return true,
         };
         match revision {
-            None | Some("") => self.settings.revision == "default",
-            Some(revision) => revision == self.settings.revision,
+            None => true,
+            Some(revision) => {
+                self.settings.revision.is_empty() || revision == self.settings.revision
+            }
         }
     }
 
