@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use crate::discovery::model::{AllowedNamespaces, Gateway, GatewayClass, Labels};
+use crate::discovery::model::{AllowedNamespaces, Gateway, GatewayClass, Labels, Listener};
 use crate::discovery::names::ip_bytes;
 use crate::discovery::store::{Key, Store};
 use crate::pb::workload::{
@@ -100,20 +100,19 @@ impl Waypoint {
             .get(INBOUND_BINDING)
             .or_else(|| class.and_then(|c| c.annotations.get(INBOUND_BINDING)));
         let binding = binding_text.and_then(parse_binding);
-        // allowedRoutes from the listener the inbound binding uses, else the HBONE listener.
-        let binding_port = binding.as_ref().map(|b| b.port).filter(|p| *p != 0);
-        let listener = gw
-            .listeners
-            .iter()
-            .find(|l| {
-                binding.is_some()
-                    && (binding_port == Some(u32::from(l.port)) || l.protocol == "istio.io/PROXY")
-            })
-            .or_else(|| {
-                gw.listeners
-                    .iter()
-                    .find(|l| l.protocol == "HBONE" && u32::from(l.port) == HBONE_PORT)
-            });
+        // allowedRoutes from the listener the inbound binding uses (istiod's
+        // `findBoundListener`: by port when the binding has one, else a PROXY binding's
+        // `istio.io/PROXY` listener), else the HBONE listener.
+        let bound = |l: &&Listener| match &binding {
+            Some(b) if b.port != 0 => u32::from(l.port) == b.port,
+            Some(b) if b.protocol == TunnelProtocol::Proxy as i32 => l.protocol == "istio.io/PROXY",
+            _ => false,
+        };
+        let listener = gw.listeners.iter().find(bound).or_else(|| {
+            gw.listeners
+                .iter()
+                .find(|l| l.protocol == "HBONE" && u32::from(l.port) == HBONE_PORT)
+        });
         let allowed = listener
             .and_then(|l| l.allowed.clone())
             .unwrap_or(AllowedNamespaces::Same);
@@ -148,10 +147,13 @@ impl Waypoint {
 
 /// `<protocol>` or `<protocol>/<port>`, the protocol `PROXY` or `NONE`, as istiod's
 /// `makeInboundBinding`: a `NONE` binding is still sent to the waypoint's own pods, as an
-/// application tunnel with protocol NONE. Anything else is no binding.
+/// application tunnel with protocol NONE. Another protocol, or more than one `/`, is no
+/// binding. A port Go's `ParseUint(port, 10, 32)` rejects only logs a warning in istiod and
+/// keeps what it returned: 0 for a malformed number, the maximum for one out of range.
 fn parse_binding(text: &str) -> Option<ApplicationTunnel> {
     let (protocol, port) = match text.split_once('/') {
-        Some((protocol, port)) => (protocol, port.parse::<u32>().ok()?),
+        Some((_, port)) if port.contains('/') => return None,
+        Some((protocol, port)) => (protocol, go_parse_u32(port)),
         None => (text, 0),
     };
     let protocol = match protocol {
@@ -163,6 +165,21 @@ fn parse_binding(text: &str) -> Option<ApplicationTunnel> {
         protocol: protocol as i32,
         port,
     })
+}
+
+/// Go's `strconv.ParseUint(text, 10, 32)` value, errors included: decimal digits only (no
+/// sign); a syntax error gives 0, an out-of-range number `u32::MAX`.
+fn go_parse_u32(text: &str) -> u32 {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return 0;
+    }
+    let digits = text.trim_start_matches('0');
+    if digits.len() > 10 {
+        return u32::MAX;
+    }
+    digits
+        .parse::<u64>()
+        .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
 }
 
 /// The waypoint an object uses, per §1.9: its own `istio.io/use-waypoint` label (`none` opts
@@ -464,6 +481,55 @@ mod tests {
         }
     }
 
+    /// istiod's `TestMakeAllowedRoutes`: which listener's allowedRoutes a waypoint uses.
+    #[test]
+    fn allowed_routes_come_from_the_bound_listener_else_the_hbone_one() {
+        let listener = |port: u16, protocol: &str, allowed: Option<AllowedNamespaces>| Listener {
+            name: format!("l{port}"),
+            port,
+            protocol: protocol.into(),
+            allowed,
+        };
+        let listeners = vec![
+            listener(15089, "istio.io/PROXY", Some(AllowedNamespaces::Same)),
+            listener(15088, "istio.io/PROXY", Some(AllowedNamespaces::All)),
+            listener(15008, "HBONE", Some(AllowedNamespaces::All)),
+        ];
+        let with_binding = |binding: Option<&str>, listeners: Vec<Listener>| {
+            let gw = Gateway {
+                name: "wp".into(),
+                namespace: "demo".into(),
+                annotations: binding
+                    .map(|b| Labels::from([(INBOUND_BINDING, b)]))
+                    .unwrap_or_default(),
+                listeners,
+                addresses: vec![("IPAddress".into(), "10.9.0.1".into())],
+                ..Default::default()
+            };
+            Waypoint::from_gateway(&gw, None, "")
+                .expect("ready")
+                .allowed
+        };
+        // A port picks that port's listener, whatever comes first.
+        assert_eq!(
+            with_binding(Some("PROXY/15088"), listeners.clone()),
+            AllowedNamespaces::All
+        );
+        // A PROXY binding without a port picks the first istio.io/PROXY listener.
+        assert_eq!(
+            with_binding(Some("PROXY"), listeners.clone()),
+            AllowedNamespaces::Same
+        );
+        // NONE without a port binds no listener: the HBONE one decides.
+        assert_eq!(
+            with_binding(Some("NONE"), listeners.clone()),
+            AllowedNamespaces::All
+        );
+        // No binding: the HBONE listener; none at all: Same.
+        assert_eq!(with_binding(None, listeners), AllowedNamespaces::All);
+        assert_eq!(with_binding(None, Vec::new()), AllowedNamespaces::Same);
+    }
+
     #[test]
     fn inbound_bindings_parse_as_istiod_does() {
         let tunnel = |protocol: TunnelProtocol, port| {
@@ -480,7 +546,13 @@ mod tests {
             ("NONE/8080", tunnel(TunnelProtocol::None, 8080)),
             ("proxy", None),
             ("HBONE", None),
-            ("PROXY/port", None),
+            // istiod keeps a binding whose port does not parse: 0, or the maximum.
+            ("PROXY/port", tunnel(TunnelProtocol::Proxy, 0)),
+            ("PROXY/", tunnel(TunnelProtocol::Proxy, 0)),
+            ("PROXY/+15088", tunnel(TunnelProtocol::Proxy, 0)),
+            ("PROXY/015088", tunnel(TunnelProtocol::Proxy, 15088)),
+            ("PROXY/4294967296", tunnel(TunnelProtocol::Proxy, u32::MAX)),
+            ("PROXY/1/2", None),
             ("", None),
         ];
         for (text, want) in table {
