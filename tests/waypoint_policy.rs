@@ -228,3 +228,29 @@ fn an_instance_re_emits_exactly_the_policy_and_the_workloads_behind_the_waypoint
     assert_eq!(changes.authorizations.upserted, set(&[WP]));
     assert_eq!(changes.addresses.upserted, set(&[uid(NS, "wp-2")]));
 }
+
+/// istiod lists one service account per instance pod (`slices.Sort`, no de-duplication), so a
+/// second replica of the same account repeats its principal.
+#[test]
+fn each_instance_pod_lists_its_account_as_istiod_does() {
+    let mut objects = mesh();
+    objects.push(instance("wp-3", "10.0.9.3", "wp", "wp-sa"));
+    let mut index = index(true, objects);
+    let policy = authorization(&mut index, WP).unwrap();
+    let principals: Vec<String> = policy.rules[0].clauses[0].matches[0]
+        .principals
+        .iter()
+        .map(|p| match &p.match_type {
+            Some(MatchType::Exact(e)) => e.clone(),
+            other => panic!("not exact: {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        principals,
+        [
+            "cluster.local/ns/demo/sa/another",
+            "cluster.local/ns/demo/sa/wp-sa",
+            "cluster.local/ns/demo/sa/wp-sa"
+        ]
+    );
+}

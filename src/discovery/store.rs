@@ -236,12 +236,13 @@ impl Store {
     }
 
     /// The service accounts of a gateway's instance pods (its namespace's pods labelled with
-    /// its name), sorted.
+    /// its name), sorted, one per pod as istiod lists them (two replicas, the account twice).
     pub fn waypoint_accounts(&self, gateway: &Key) -> impl Iterator<Item = &str> {
         self.waypoint_accounts
             .get(gateway)
             .into_iter()
-            .flat_map(|accounts| accounts.keys().map(String::as_str))
+            .flat_map(|accounts| accounts.iter())
+            .flat_map(|(account, pods)| std::iter::repeat_n(account.as_str(), *pods as usize))
     }
 
     /// Whether the entries of `namespace` may be seen only there: NAMESPACE visibility.
