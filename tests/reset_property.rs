@@ -37,7 +37,7 @@ const POD_NAMES: [&str; 3] = ["p0", "p1", "p2"];
 const UIDS: [&str; 2] = ["u1", "u2"];
 const APPS: [&str; 2] = ["x", "y"];
 const WAYPOINTS: [&str; 2] = ["wp", "wp2"];
-const CLASSES: [&str; 2] = ["c1", "c2"];
+const CLASSES: [&str; 3] = ["c1", "c2", "istio-remote"];
 const HOSTS: [&str; 3] = ["h1.example.com", "h2.example.com", "s0.a.svc.cluster.local"];
 
 /// One source event (the object boxed to keep the enum small).
@@ -297,7 +297,11 @@ fn gateway_object() -> impl Strategy<Value = Object> {
     (
         (namespace(), select(&WAYPOINTS[..]), select(&CLASSES[..])),
         select(&["none", "ip", "ip", "hostname"][..]),
-        some_labels(&[("istio.io/waypoint-for", &["service", "workload", "all"])]),
+        some_labels(&[
+            ("istio.io/waypoint-for", &["service", "workload", "all"]),
+            // An istio-remote Gateway with a network label is an east-west gateway.
+            ("topology.istio.io/network", &["n1", "vm-net"]),
+        ]),
         option::of(select(&["all", "selector"][..])),
     )
         .prop_map(|((ns, name, class), address, gateway_labels, allowed)| {
@@ -333,7 +337,11 @@ fn gateway_object() -> impl Strategy<Value = Object> {
 fn gateway_class_object() -> impl Strategy<Value = Object> {
     (
         select(&CLASSES[..]),
-        some_labels(&[("istio.io/waypoint-for", &["service", "workload", "all"])]),
+        some_labels(&[
+            ("istio.io/waypoint-for", &["service", "workload", "all"]),
+            // An istio-remote Gateway with a network label is an east-west gateway.
+            ("topology.istio.io/network", &["n1", "vm-net"]),
+        ]),
     )
         .prop_map(|(name, labels)| {
             let mut class = gateway_class(name, &[]);

@@ -7,6 +7,7 @@ use crate::discovery::index::Settings;
 use crate::discovery::membership::{self, Member};
 use crate::discovery::model::{Endpoint, Labels, Resolution, ServiceEntry, WorkloadEntry};
 use crate::discovery::names::ip_bytes;
+use crate::discovery::network_gateway;
 use crate::discovery::policies;
 use crate::discovery::store::{Key, Store};
 use crate::discovery::waypoint;
@@ -37,14 +38,16 @@ fn from_endpoint(settings: &Settings, store: &Store, endpoint: &Endpoint) -> Wor
         Ok(ip) => (vec![ip_bytes(&ip)], String::new()),
         Err(_) => (Vec::new(), endpoint.address.clone()),
     };
+    let network = if endpoint.network.is_empty() {
+        store.network(settings).to_string()
+    } else {
+        endpoint.network.clone()
+    };
     Workload {
         addresses,
         hostname,
-        network: if endpoint.network.is_empty() {
-            store.network(settings).to_string()
-        } else {
-            endpoint.network.clone()
-        },
+        network_gateway: network_gateway::for_network(store, &network),
+        network,
         service_account: endpoint.service_account.clone(),
         locality: parse_locality(&endpoint.locality),
         capacity: (endpoint.weight > 0).then_some(UInt32Value {

@@ -15,6 +15,7 @@ pub mod links;
 pub mod membership;
 pub mod model;
 pub mod names;
+pub mod network_gateway;
 pub mod peer_authentication;
 pub mod pod;
 pub mod policies;

@@ -18,6 +18,7 @@ use crate::discovery::model::{
     ObjectRef, PeerAuthentication, Pod, Service, ServiceEntry, WorkloadEntry,
 };
 use crate::discovery::names::service_hostname;
+use crate::discovery::network_gateway::NetworkGateway;
 use crate::discovery::visibility::{ServiceEntryVisibility, Visibility};
 use crate::discovery::waypoint::{GATEWAY_NAME_LABEL, Waypoint};
 
@@ -78,6 +79,8 @@ pub struct Store {
     /// labelled `gateway.networking.k8s.io/gateway-name: <name>` run as it (the waypoint's
     /// instances, whose identities the implicit waypoint policy allows).
     waypoint_accounts: HashMap<Key, BTreeMap<String, u32>>,
+    /// Network -> its east-west gateways, by (Gateway, address).
+    network_gateways: BTreeMap<String, BTreeMap<(Key, String), NetworkGateway>>,
 }
 
 fn key(namespace: &str, name: &str) -> Key {
@@ -245,6 +248,19 @@ impl Store {
             .flat_map(|(account, pods)| std::iter::repeat_n(account.as_str(), *pods as usize))
     }
 
+    /// The east-west gateways of `network`, by Gateway then address.
+    pub fn network_gateways(&self, network: &str) -> impl Iterator<Item = &NetworkGateway> {
+        self.network_gateways
+            .get(network)
+            .into_iter()
+            .flat_map(BTreeMap::values)
+    }
+
+    /// Every east-west gateway, by network, Gateway and address.
+    pub fn all_network_gateways(&self) -> impl Iterator<Item = &NetworkGateway> {
+        self.network_gateways.values().flat_map(BTreeMap::values)
+    }
+
     /// Whether the entries of `namespace` may be seen only there: NAMESPACE visibility.
     pub fn entries_namespace_local(&self, namespace: &str) -> bool {
         self.entry_visibility(namespace) == Some(Visibility::Namespace)
@@ -320,6 +336,12 @@ impl Store {
                 self.gateway_classes.insert(c.name.clone(), c);
             }
             Object::Gateway(g) => {
+                for gateway in NetworkGateway::from_gateway(&g) {
+                    self.network_gateways
+                        .entry(gateway.network.clone())
+                        .or_default()
+                        .insert((k.clone(), gateway.address.clone()), gateway);
+                }
                 self.gateways.insert(k, g);
             }
             Object::Pod(p) => {
@@ -408,7 +430,18 @@ impl Store {
                 .gateway_classes
                 .remove(&reference.name)
                 .map(Object::GatewayClass),
-            Kind::Gateway => self.gateways.remove(&k).map(Object::Gateway),
+            Kind::Gateway => {
+                let gw = self.gateways.remove(&k)?;
+                for gateway in NetworkGateway::from_gateway(&gw) {
+                    if let Some(on_network) = self.network_gateways.get_mut(&gateway.network) {
+                        on_network.remove(&(k.clone(), gateway.address));
+                        if on_network.is_empty() {
+                            self.network_gateways.remove(&gateway.network);
+                        }
+                    }
+                }
+                Some(Object::Gateway(gw))
+            }
             Kind::Pod => {
                 let pod = self.pods.remove(&k.0, &k.1)?;
                 if let Some(gateway) = pod.labels().get(GATEWAY_NAME_LABEL) {

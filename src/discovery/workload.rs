@@ -4,6 +4,7 @@ use crate::discovery::index::Settings;
 use crate::discovery::membership::{self, Member};
 use crate::discovery::model::{Labels, Pod};
 use crate::discovery::names::{ip_bytes, pod_uid};
+use crate::discovery::network_gateway;
 use crate::discovery::policies;
 use crate::discovery::store::{Key, Store};
 use crate::discovery::waypoint;
@@ -54,6 +55,7 @@ pub fn build(
         namespace: pod.namespace().to_string(),
         addresses: pod.ips().map(|ip| ip_bytes(&ip)).collect(),
         network: store.network(settings).to_string(),
+        network_gateway: network_gateway::for_network(store, store.network(settings)),
         tunnel_protocol: tunnel_protocol as i32,
         native_tunnel,
         trust_domain: settings.wire_trust_domain().to_string(),

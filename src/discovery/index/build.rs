@@ -207,6 +207,16 @@ impl Index {
             Target::WaypointPolicy(k) => authorization(policies::implicit_waypoint_policy(
                 settings, store, k, reads,
             )),
+            Target::NetworkGateways => {
+                // One workload per uid: the first Gateway (by network, name, address) wins.
+                let mut by_uid = std::collections::BTreeMap::new();
+                for gateway in store.all_network_gateways() {
+                    by_uid
+                        .entry(gateway.uid())
+                        .or_insert_with(|| gateway.workload());
+                }
+                addresses(by_uid.into_values().map(workload_resource).collect())
+            }
         }
     }
 }

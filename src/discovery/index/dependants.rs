@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use crate::discovery::index::{Index, Target};
 use crate::discovery::model::{Kind, Object, ObjectRef, selects};
 use crate::discovery::names::service_hostname;
+use crate::discovery::network_gateway::NetworkGateway;
 use crate::discovery::store::{Key, ServiceRef, slice_pods};
 use crate::discovery::waypoint::{GATEWAY_NAME_LABEL, Waypoint};
 
@@ -79,6 +80,7 @@ impl Index {
                 .map(Target::PeerAuthentication),
         );
         all.push(Target::StaticStrict);
+        all.push(Target::NetworkGateways);
         if self.settings.auto_allow_waypoint_policy {
             all.extend(s.gateways.keys().cloned().map(Target::WaypointPolicy));
         }
@@ -225,10 +227,11 @@ impl Index {
                     .map(pod_target),
             ),
             // Waypoints are handled by `after_change`.
-            Object::Gateway(_) => {
+            Object::Gateway(gw) => {
                 if self.settings.auto_allow_waypoint_policy {
                     targets.insert(Target::WaypointPolicy(key));
                 }
+                self.network_gateway_readers(gw, targets);
             }
             Object::GatewayClass(_) => {}
             Object::Pod(pod) => {
@@ -303,6 +306,39 @@ impl Index {
                 self.hostname_rivals(&se.hosts, targets);
             }
         }
+    }
+
+    /// For an east-west Gateway: the gateway workloads, and the workloads that may name one of
+    /// its networks' gateways (`network_gateway`): every pod when it is the local network, and
+    /// the WorkloadEntries and ServiceEntry endpoints (which carry their own networks). Such
+    /// Gateways are few and rarely change, so this is a scan rather than an index.
+    fn network_gateway_readers(
+        &self,
+        gw: &crate::discovery::model::Gateway,
+        targets: &mut BTreeSet<Target>,
+    ) {
+        let gateways = NetworkGateway::from_gateway(gw);
+        if gateways.is_empty() {
+            return;
+        }
+        targets.insert(Target::NetworkGateways);
+        let local = self.store.network(&self.settings);
+        if gateways.iter().any(|g| g.network == local) {
+            targets.extend(self.store.pods.iter().map(pod_target));
+        }
+        let s = &self.store;
+        targets.extend(
+            s.workload_entries
+                .keys()
+                .cloned()
+                .map(Target::WorkloadEntry),
+        );
+        targets.extend(
+            s.service_entries
+                .keys()
+                .cloned()
+                .map(Target::EntryWorkloads),
+        );
     }
 
     /// Objects claiming the same hostnames: who wins, and who is canonical, may change.

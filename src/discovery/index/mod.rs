@@ -101,6 +101,9 @@ pub enum Target {
     StaticStrict,
     /// A waypoint's implicit ALLOW policy (`auto_allow_waypoint_policy`).
     WaypointPolicy(Key),
+    /// The Workloads of every east-west gateway (`NetworkGateway/<net>/<addr>/<port>`): one
+    /// target, since two Gateways may describe the same address.
+    NetworkGateways,
 }
 
 /// Applies events and keeps every resource built and encoded. One owner; readers get snapshots.
