@@ -14,7 +14,9 @@ mod index_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ambientd::discovery::authorization::{PolicyAction, PolicyRule, PolicyStatus, Source};
+use ambientd::discovery::authorization::{
+    PolicyAction, PolicyRule, PolicyStatus, PolicyTargetRef, Source,
+};
 use ambientd::discovery::model::{
     AllowedNamespaces, AuthorizationPolicy, Endpoint, Gateway, Kind, Labels, Listener,
     NamespaceSelector, ObjectRef, PeerAuthentication, PodFields, Resolution, Service, ServiceEntry,
@@ -346,6 +348,9 @@ fn gateway_class_object() -> impl Strategy<Value = Object> {
         .prop_map(|(name, labels)| {
             let mut class = gateway_class(name, &[]);
             class.labels = labels;
+            if name == "c1" {
+                class.controller_name = "istio.io/mesh-controller".into();
+            }
             Object::GatewayClass(class)
         })
 }
@@ -361,10 +366,25 @@ fn authorization_policy_object() -> impl Strategy<Value = Object> {
             proptest::bool::weighted(0.2),
             option::weighted(0.2, select(&["canary"][..])),
         ),
-        vec(option::of(select(&["a", "b"][..])), 0..=2),
+        (
+            vec(option::of(select(&["a", "b"][..])), 0..=2),
+            // Waypoint policies: targets that exist or not, bind or not.
+            vec(
+                select(
+                    &[
+                        ("Gateway", "wp"),
+                        ("Gateway", "wp2"),
+                        ("Service", "s0"),
+                        ("ServiceEntry", "e0"),
+                        ("GatewayClass", "c1"),
+                    ][..],
+                ),
+                0..=2,
+            ),
+        ),
     )
         .prop_map(
-            |((ns, name), selector, action, (dry_run, revision), rules)| {
+            |((ns, name), selector, action, (dry_run, revision), (rules, targets))| {
                 // None: no selector; Some(None): an empty one; Some(Some(app)): matchLabels.
                 let selector = selector.map(|app| {
                     app.map(|a| [("app".to_string(), a.to_string())].into())
@@ -383,6 +403,14 @@ fn authorization_policy_object() -> impl Strategy<Value = Object> {
                         ..Default::default()
                     })
                     .collect();
+                let target_refs: Vec<PolicyTargetRef> = targets
+                    .into_iter()
+                    .map(|(kind, name)| PolicyTargetRef {
+                        kind: kind.into(),
+                        name: name.into(),
+                        ..Default::default()
+                    })
+                    .collect();
                 Object::AuthorizationPolicy(AuthorizationPolicy {
                     name: name.into(),
                     namespace: ns.into(),
@@ -391,6 +419,8 @@ fn authorization_policy_object() -> impl Strategy<Value = Object> {
                     selector,
                     action,
                     rules,
+                    has_target_refs: !target_refs.is_empty(),
+                    target_refs,
                     ..Default::default()
                 })
             },

@@ -324,6 +324,8 @@ pub struct GatewayClass {
     pub name: String,
     pub labels: Labels,
     pub annotations: Labels,
+    /// `spec.controllerName` (`istio.io/mesh-controller` for waypoints).
+    pub controller_name: String,
 }
 
 /// Which namespaces a listener admits routes (and waypoint bindings) from.

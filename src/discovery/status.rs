@@ -8,6 +8,7 @@
 //! writer (`src/kube/status.rs`) compares it with what the object carries and patches only the
 //! differences; it adds `observedGeneration` and `lastTransitionTime`.
 
+use crate::discovery::authorization::{AuthorizationPolicy, PolicyTargetRef};
 use crate::discovery::model::Labels;
 use crate::discovery::service::{INGRESS_USE_WAYPOINT, parse_bool};
 use crate::discovery::store::{Key, Store};
@@ -18,6 +19,11 @@ use crate::discovery::waypoint::{self, Bind, BindError, Binding};
 pub const WAYPOINT_BOUND: &str = "istio.io/WaypointBound";
 /// The reason of a true `WaypointBound`.
 pub const WAYPOINT_ACCEPTED: &str = "WaypointAccepted";
+/// The condition type istiod writes on an AuthorizationPolicy with `targetRef(s)`: whether it
+/// binds to a waypoint.
+pub const WAYPOINT_POLICY_ACCEPTED: &str = "WaypointAccepted";
+/// The GatewayClass controller of waypoints.
+const MESH_CONTROLLER: &str = "istio.io/mesh-controller";
 /// The condition type naming a ServiceEntry's resolved visibility, when
 /// meshConfig.serviceEntryVisibility is configured.
 pub const VISIBILITY_APPLIED: &str = "istio.io/VisibilityApplied";
@@ -43,15 +49,18 @@ pub enum StatusKind {
     WorkloadEntry,
     /// `istio.io/VisibilityApplied` on a ServiceEntry.
     ServiceEntryVisibility,
+    /// `WaypointAccepted` on an AuthorizationPolicy with `targetRef(s)`.
+    WaypointPolicy,
 }
 
 impl StatusKind {
-    pub const ALL: [StatusKind; 5] = [
+    pub const ALL: [StatusKind; 6] = [
         StatusKind::AuthorizationPolicy,
         StatusKind::Service,
         StatusKind::ServiceEntry,
         StatusKind::WorkloadEntry,
         StatusKind::ServiceEntryVisibility,
+        StatusKind::WaypointPolicy,
     ];
 
     /// The condition type this one is.
@@ -59,6 +68,7 @@ impl StatusKind {
         match self {
             StatusKind::AuthorizationPolicy => crate::discovery::authorization::ZTUNNEL_ACCEPTED,
             StatusKind::ServiceEntryVisibility => VISIBILITY_APPLIED,
+            StatusKind::WaypointPolicy => WAYPOINT_POLICY_ACCEPTED,
             StatusKind::Service | StatusKind::ServiceEntry | StatusKind::WorkloadEntry => {
                 WAYPOINT_BOUND
             }
@@ -68,7 +78,7 @@ impl StatusKind {
     /// The Kubernetes kind name of the object that carries it.
     pub fn as_str(self) -> &'static str {
         match self {
-            StatusKind::AuthorizationPolicy => "AuthorizationPolicy",
+            StatusKind::AuthorizationPolicy | StatusKind::WaypointPolicy => "AuthorizationPolicy",
             StatusKind::Service => "Service",
             StatusKind::ServiceEntry | StatusKind::ServiceEntryVisibility => "ServiceEntry",
             StatusKind::WorkloadEntry => "WorkloadEntry",
@@ -149,6 +159,154 @@ pub fn visibility_applied(store: &Store, namespace: &str) -> Option<StatusCondit
             visibility.as_reason()
         ),
     })
+}
+
+/// `WaypointAccepted` of an AuthorizationPolicy with `targetRef(s)` (istiod's
+/// `WaypointPolicyStatusCollection`, flattened as its `flattenConditions`): for each target,
+/// whether it binds to a waypoint; none for a policy without targets. Waypoints consulted are
+/// pushed to `reads`.
+pub fn waypoint_policy_accepted(
+    root_namespace: &str,
+    store: &Store,
+    policy: &AuthorizationPolicy,
+    reads: &mut Vec<Key>,
+) -> Option<StatusCondition> {
+    if policy.target_refs.is_empty() {
+        return None;
+    }
+    let bindings: Vec<PolicyBinding> = policy
+        .target_refs
+        .iter()
+        .map(|target| policy_binding(root_namespace, store, policy, target, reads))
+        .collect();
+    let (status, reason, message) = match &bindings[..] {
+        [one] => (one.bound, one.reason.clone(), one.message.clone()),
+        many => {
+            let unbound: Vec<&str> = many
+                .iter()
+                .filter(|b| !b.bound)
+                .map(|b| b.ancestor.as_str())
+                .collect();
+            let any_bound = unbound.len() < many.len();
+            let reason = match (any_bound, unbound.is_empty()) {
+                (true, true) => "Accepted",
+                (true, false) => "PartiallyInvalid",
+                (false, _) => "Invalid",
+            };
+            let message = if unbound.is_empty() {
+                String::new()
+            } else {
+                format!("Invalid targetRefs: {}", unbound.join(", "))
+            };
+            (any_bound, reason.to_string(), message)
+        }
+    };
+    Some(StatusCondition {
+        condition_type: WAYPOINT_POLICY_ACCEPTED,
+        status,
+        reason,
+        message,
+    })
+}
+
+/// One target's binding, as istiod's `PolicyBindingStatus`.
+struct PolicyBinding {
+    /// `<Kind>.<group, or core>:<namespace>/<name>`.
+    ancestor: String,
+    reason: String,
+    message: String,
+    bound: bool,
+}
+
+fn policy_binding(
+    root_namespace: &str,
+    store: &Store,
+    policy: &AuthorizationPolicy,
+    target: &PolicyTargetRef,
+    reads: &mut Vec<Key>,
+) -> PolicyBinding {
+    let namespace = if target.namespace.is_empty() {
+        policy.namespace.as_str()
+    } else {
+        target.namespace.as_str()
+    };
+    let key = (namespace.to_string(), target.name.clone());
+    let named = format!("{namespace}/{}", target.name);
+    let service_bound = |kind: &str, labels: Option<&Labels>, local_only: bool, reads: &mut _| {
+        let Some(labels) = labels else {
+            return (
+                false,
+                "TargetNotFound",
+                format!("{kind} {named} was not found"),
+            );
+        };
+        let binding = if waypoint::never_uses_waypoint(labels) {
+            Binding::Unbound
+        } else {
+            waypoint::service_binding(store, namespace, labels, local_only, reads)
+        };
+        match binding {
+            Binding::Bound { key: wp, .. } => {
+                (true, "Accepted", format!("bound to {}/{}", wp.0, wp.1))
+            }
+            _ => (
+                false,
+                "AncestorNotBound",
+                format!("{kind} {named} is not bound to a waypoint"),
+            ),
+        }
+    };
+    let (bound, reason, message) = match target.kind.as_str() {
+        "Gateway" => {
+            reads.push(key.clone());
+            if store.waypoints.contains_key(&key) {
+                (true, "Accepted", format!("bound to {named}"))
+            } else {
+                (false, "TargetNotFound", "not bound".to_string())
+            }
+        }
+        "Service" => service_bound(
+            "Service",
+            store.services.get(&key).map(|s| &s.labels),
+            false,
+            reads,
+        ),
+        "ServiceEntry" => service_bound(
+            "ServiceEntry",
+            store.service_entries.get(&key).map(|se| &se.labels),
+            store.entries_namespace_local(namespace),
+            reads,
+        ),
+        "GatewayClass" if policy.namespace != root_namespace => (
+            false,
+            "Invalid",
+            format!(
+                "AuthorizationPolicy must be in the root namespace `{root_namespace}` when \
+                 referencing a GatewayClass"
+            ),
+        ),
+        "GatewayClass" => match store.gateway_classes.get(&target.name) {
+            None => (false, "TargetNotFound", "not bound".to_string()),
+            Some(class) if class.controller_name != MESH_CONTROLLER => (
+                false,
+                "Invalid",
+                format!("GatewayClass must use controller name `{MESH_CONTROLLER}` for waypoints"),
+            ),
+            Some(_) => (true, "Accepted", format!("bound to {}", target.name)),
+        },
+        _ => (false, "unknown", "not bound".to_string()),
+    };
+    let group = if target.group.is_empty() {
+        "core"
+    } else {
+        target.group.as_str()
+    };
+    PolicyBinding {
+        ancestor: format!("{}.{group}:{named}", target.kind),
+        reason: reason.to_string(),
+        message,
+        bound,
+    }
 }
 
 /// `istio.io/WaypointBound` of a WorkloadEntry: as for a service, with workload traffic (a

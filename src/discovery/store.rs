@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use foldhash::{HashMap, HashSet};
 
+use crate::discovery::authorization::PolicyTargetRef;
 use crate::discovery::index::Settings;
 use crate::discovery::labels::LabelSets;
 use crate::discovery::model::{
@@ -81,6 +82,19 @@ pub struct Store {
     waypoint_accounts: HashMap<Key, BTreeMap<String, u32>>,
     /// Network -> its east-west gateways, by (Gateway, address).
     network_gateways: BTreeMap<String, BTreeMap<(Key, String), NetworkGateway>>,
+    /// `(kind, namespace, name)` of a policy target -> the AuthorizationPolicies whose
+    /// `targetRef(s)` name it (namespace empty for a GatewayClass).
+    policy_targets: HashMap<(String, Key), BTreeSet<Key>>,
+}
+
+/// How a policy's target is indexed: GatewayClasses are cluster-scoped.
+fn target_key(policy: &AuthorizationPolicy, target: &PolicyTargetRef) -> (String, Key) {
+    let namespace = match target.kind.as_str() {
+        "GatewayClass" => "",
+        _ if target.namespace.is_empty() => policy.namespace.as_str(),
+        _ => target.namespace.as_str(),
+    };
+    (target.kind.clone(), key(namespace, &target.name))
 }
 
 fn key(namespace: &str, name: &str) -> Key {
@@ -248,6 +262,28 @@ impl Store {
             .flat_map(|(account, pods)| std::iter::repeat_n(account.as_str(), *pods as usize))
     }
 
+    /// The AuthorizationPolicies whose `targetRef(s)` name the `kind` object `namespace/name`
+    /// (namespace empty for a GatewayClass).
+    pub fn policies_targeting(&self, kind: &str, target: &Key) -> impl Iterator<Item = &Key> {
+        self.policy_targets
+            .get(&(kind.to_string(), target.clone()))
+            .into_iter()
+            .flatten()
+    }
+
+    /// The AuthorizationPolicies that target a Service or ServiceEntry of `namespace`.
+    pub fn policies_targeting_namespace<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> impl Iterator<Item = &'a Key> + 'a {
+        self.policy_targets
+            .iter()
+            .filter(move |((kind, (ns, _)), _)| {
+                ns == namespace && (kind == "Service" || kind == "ServiceEntry")
+            })
+            .flat_map(|(_, policies)| policies)
+    }
+
     /// The east-west gateways of `network`, by Gateway then address.
     pub fn network_gateways(&self, network: &str) -> impl Iterator<Item = &NetworkGateway> {
         self.network_gateways
@@ -391,6 +427,12 @@ impl Store {
             }
             Object::AuthorizationPolicy(p) => {
                 self.member_mut(&k.0).policies.insert(k.1.clone());
+                for target in &p.target_refs {
+                    self.policy_targets
+                        .entry(target_key(&p, target))
+                        .or_default()
+                        .insert(k.clone());
+                }
                 self.policies.insert(k, p);
             }
             Object::PeerAuthentication(p) => {
@@ -489,6 +531,15 @@ impl Store {
             Kind::AuthorizationPolicy => {
                 let p = self.policies.remove(&k)?;
                 self.member_mut(&k.0).policies.remove(&k.1);
+                for target in &p.target_refs {
+                    let indexed = target_key(&p, target);
+                    if let Some(policies) = self.policy_targets.get_mut(&indexed) {
+                        policies.remove(&k);
+                        if policies.is_empty() {
+                            self.policy_targets.remove(&indexed);
+                        }
+                    }
+                }
                 Some(Object::AuthorizationPolicy(p))
             }
             Kind::PeerAuthentication => {

@@ -311,6 +311,13 @@ pub(crate) fn workload_entry(value: &Value) -> Result<Object, String> {
 #[serde(default)]
 struct RawGatewayClass {
     metadata: RawMeta,
+    spec: RawGatewayClassSpec,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RawGatewayClassSpec {
+    controller_name: String,
 }
 
 pub(crate) fn gateway_class(value: &Value) -> Result<Object, String> {
@@ -319,6 +326,7 @@ pub(crate) fn gateway_class(value: &Value) -> Result<Object, String> {
         name: raw.metadata.name()?,
         labels: raw.metadata.labels,
         annotations: raw.metadata.annotations,
+        controller_name: raw.spec.controller_name,
     }))
 }
 

@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use crate::discovery::authorization::{
     AuthorizationPolicy, Condition, DRY_RUN_ANNOTATION, Operation, PolicyAction, PolicyRule,
-    REVISION_LABEL, Source,
+    PolicyTargetRef, REVISION_LABEL, Source,
 };
 use crate::discovery::model::Labels;
 use crate::discovery::peer_authentication::{MtlsMode, PeerAuthentication};
@@ -51,12 +51,33 @@ pub fn decode_authorization_policy(value: &Value) -> Result<AuthorizationPolicy,
             .get(DRY_RUN_ANNOTATION)
             .is_some_and(|v| parse_go_bool(v) == Some(true)),
         selector: spec.selector.map(|s| s.match_labels),
-        has_target_refs: spec.target_ref.is_some_and(|t| !t.is_null())
+        has_target_refs: spec.target_ref.as_ref().is_some_and(|t| !t.is_null())
             || !spec.target_refs.is_empty(),
+        target_refs: match spec.target_ref.as_ref().filter(|t| !t.is_null()) {
+            Some(one) => vec![target_ref(one)],
+            None => spec.target_refs.iter().map(target_ref).collect(),
+        },
         action,
         rules: spec.rules.into_iter().map(RawRule::reduce).collect(),
         creation: meta.creation_timestamp,
     })
+}
+
+/// A `PolicyTargetReference`, its string fields read as written (anything else is empty).
+fn target_ref(value: &Value) -> PolicyTargetRef {
+    let text = |field: &str| {
+        value
+            .get(field)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    PolicyTargetRef {
+        group: text("group"),
+        kind: text("kind"),
+        name: text("name"),
+        namespace: text("namespace"),
+    }
 }
 
 /// Decodes a `PeerAuthentication`. The error names the failing field.

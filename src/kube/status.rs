@@ -120,7 +120,7 @@ fn resource(kind: StatusKind) -> ApiResource {
             "WorkloadEntry",
             "workloadentries",
         ),
-        StatusKind::AuthorizationPolicy => (
+        StatusKind::AuthorizationPolicy | StatusKind::WaypointPolicy => (
             "security.istio.io",
             "v1",
             "AuthorizationPolicy",

@@ -254,7 +254,10 @@ impl Run {
         for problem in &view.problems {
             self.fail(format!("{phase}: {problem}"));
         }
-        let policies = ("policy_status", &[StatusKind::AuthorizationPolicy][..]);
+        let policies = (
+            "policy_status",
+            &[StatusKind::AuthorizationPolicy, StatusKind::WaypointPolicy][..],
+        );
         for (key, conditions) in &expect.policy_status {
             self.check_status(phase, &snapshot, policies, key, conditions);
         }

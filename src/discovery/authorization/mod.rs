@@ -48,10 +48,23 @@ pub struct AuthorizationPolicy {
     pub selector: Option<Labels>,
     /// `spec.targetRef` or a non-empty `spec.targetRefs`: a waypoint policy, never sent to ztunnel.
     pub has_target_refs: bool,
+    /// The targets themselves (istiod's `GetTargetRefs`: `targetRef` when set, else
+    /// `targetRefs`), for the policy's `WaypointAccepted` condition.
+    pub target_refs: Vec<PolicyTargetRef>,
     pub action: PolicyAction,
     pub rules: Vec<PolicyRule>,
     /// `metadata.creationTimestamp` as written (RFC 3339).
     pub creation: Option<String>,
+}
+
+/// One `PolicyTargetReference`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PolicyTargetRef {
+    pub group: String,
+    pub kind: String,
+    pub name: String,
+    /// Empty: the policy's namespace.
+    pub namespace: String,
 }
 
 /// `spec.action`. Anything that is not one of the four Istio actions is kept verbatim so the

@@ -14,7 +14,7 @@ impl Index {
     /// Builds every resource of one target, and the status condition of its object.
     pub(super) fn build(&self, target: &Target, reads: &mut Vec<Key>) -> Built {
         if let Target::Policy(k) = target {
-            return self.build_policy(k);
+            return self.build_policy(k, reads);
         }
         let mut built = self.build_resources(target, reads);
         built.statuses = self.build_statuses(target, reads);
@@ -22,8 +22,20 @@ impl Index {
     }
 
     /// A policy's Authorization and its `ZtunnelAccepted` condition, from one conversion.
-    fn build_policy(&self, k: &Key) -> Built {
+    fn build_policy(&self, k: &Key, reads: &mut Vec<Key>) -> Built {
         let converted = policies::convert(&self.settings, &self.store, k);
+        let waypoint = (
+            StatusTarget::new(StatusKind::WaypointPolicy, k),
+            self.store.policies.get(k).map(|p| DesiredStatus {
+                generation: p.generation,
+                condition: status::waypoint_policy_accepted(
+                    &self.settings.root_namespace,
+                    &self.store,
+                    p,
+                    reads,
+                ),
+            }),
+        );
         let (authorization, desired) = match converted {
             Some(c) => (
                 c.authorization,
@@ -39,10 +51,13 @@ impl Index {
                 .map(|a| (TypeKind::Authorization, authorization_resource(a)))
                 .into_iter()
                 .collect(),
-            statuses: vec![(
-                StatusTarget::new(StatusKind::AuthorizationPolicy, k),
-                desired,
-            )],
+            statuses: vec![
+                (
+                    StatusTarget::new(StatusKind::AuthorizationPolicy, k),
+                    desired,
+                ),
+                waypoint,
+            ],
         }
     }
 
@@ -199,7 +214,7 @@ impl Index {
                     .map(service_resource)
                     .collect(),
             ),
-            Target::Policy(k) => self.build_policy(k),
+            Target::Policy(k) => self.build_policy(k, reads),
             Target::PeerAuthentication(k) => {
                 authorization(policies::converted_peer_policy(settings, store, k))
             }

@@ -206,6 +206,13 @@ impl Index {
         match object {
             Object::Namespace(ns) => {
                 self.namespace_targets(&ns.name, targets);
+                // Its labels may bind its services to a waypoint: the policies targeting them.
+                targets.extend(
+                    self.store
+                        .policies_targeting_namespace(&ns.name)
+                        .cloned()
+                        .map(Target::Policy),
+                );
                 // Its labels decide its ServiceEntries' visibility, so which entry wins a
                 // hostname elsewhere, and which one is canonical.
                 if self.store.visibility.is_some() {
@@ -233,7 +240,12 @@ impl Index {
                 }
                 self.network_gateway_readers(gw, targets);
             }
-            Object::GatewayClass(_) => {}
+            Object::GatewayClass(class) => targets.extend(
+                self.store
+                    .policies_targeting("GatewayClass", &(String::new(), class.name.clone()))
+                    .cloned()
+                    .map(Target::Policy),
+            ),
             Object::Pod(pod) => {
                 // A waypoint's instance: its identity is in the waypoint's implicit policy,
                 // which the workloads behind the waypoint list only while it has instances.
@@ -257,6 +269,12 @@ impl Index {
             }
             Object::Service(svc) => {
                 targets.insert(Target::KubeService(key.clone()));
+                targets.extend(
+                    self.store
+                        .policies_targeting("Service", &key)
+                        .cloned()
+                        .map(Target::Policy),
+                );
                 self.selected_workloads(&svc.namespace, &svc.selector, targets);
                 if let Some(slices) = self.store.slices_by_service.get(&key) {
                     for name in slices {
@@ -299,6 +317,12 @@ impl Index {
             }
             Object::ServiceEntry(se) => {
                 targets.insert(Target::EntryServices(key.clone()));
+                targets.extend(
+                    self.store
+                        .policies_targeting("ServiceEntry", &key)
+                        .cloned()
+                        .map(Target::Policy),
+                );
                 targets.insert(Target::EntryWorkloads(key));
                 if let Some(selector) = &se.workload_selector {
                     self.selected_workloads(&se.namespace, selector, targets);

@@ -84,6 +84,7 @@ spec:
                 .collect(),
         ),
         has_target_refs: false,
+        target_refs: Vec::new(),
         action: PolicyAction::Deny,
         rules: vec![PolicyRule {
             from: vec![
@@ -192,6 +193,27 @@ fn target_refs_and_dry_run_and_actions() {
     assert!(decode("", "{targetRefs: [{kind: Service, name: s}]}").has_target_refs);
     assert!(!decode("", "{targetRefs: []}").has_target_refs);
     assert!(!decode("", "{targetRef: null}").has_target_refs);
+    // istiod's GetTargetRefs: targetRef when set, else targetRefs.
+    let both = decode(
+        "",
+        "{targetRef: {kind: Gateway, group: gateway.networking.k8s.io, name: w}, \
+         targetRefs: [{kind: Service, name: s, namespace: other}]}",
+    );
+    assert_eq!(
+        both.target_refs,
+        [PolicyTargetRef {
+            group: "gateway.networking.k8s.io".into(),
+            kind: "Gateway".into(),
+            name: "w".into(),
+            namespace: String::new(),
+        }]
+    );
+    let list = decode(
+        "",
+        "{targetRefs: [{kind: Service, name: s, namespace: other}]}",
+    );
+    assert_eq!(list.target_refs[0].namespace, "other");
+    assert_eq!(list.target_refs[0].kind, "Service");
 
     for (value, want) in [
         ("\"true\"", true),
