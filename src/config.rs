@@ -145,6 +145,30 @@ pub struct ServeArgs {
     )]
     pub dry_run_authorization_policy: bool,
 
+    /// istiod's PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES: Kubernetes Services select
+    /// WorkloadEntries by their labels (`false`: only ServiceEntries do).
+    #[arg(
+        long,
+        env = "AMBIENTD_K8S_SELECT_WORKLOAD_ENTRIES",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub k8s_select_workload_entries: bool,
+
+    /// istiod's PILOT_ENABLE_SERVICEENTRY_SELECT_PODS: ServiceEntries with a `workloadSelector`
+    /// select pods (`false`: only WorkloadEntries).
+    #[arg(
+        long,
+        env = "AMBIENTD_SERVICE_ENTRY_SELECT_PODS",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub service_entry_select_pods: bool,
+
     /// Quiet period before a batch of changes is pushed (istiod's PILOT_DEBOUNCE_AFTER is
     /// 100ms); `0` pushes as soon as queued events are applied. The default is 0: measured
     /// (BENCHMARKS.md, T4/T8), a quiet period only adds latency, since events queued while the
@@ -504,6 +528,8 @@ impl TryFrom<ServeArgs> for Config {
                     .map(std::sync::Arc::new),
                 auto_allow_waypoint_policy: args.auto_allow_waypoint_policy,
                 dry_run_authorization: args.dry_run_authorization_policy,
+                k8s_select_workload_entries: args.k8s_select_workload_entries,
+                service_entry_select_pods: args.service_entry_select_pods,
             },
             log_filter: None,
             debounce: crate::push::Debounce {
@@ -613,6 +639,20 @@ mod tests {
         )
         .unwrap();
         assert!(on.settings.dry_run_authorization);
+        // The two selection flags are on unless turned off.
+        assert!(off.settings.k8s_select_workload_entries && off.settings.service_entry_select_pods);
+        let narrow = Config::try_from(
+            parse(&[
+                "--manifests",
+                "x",
+                "--k8s-select-workload-entries=false",
+                "--service-entry-select-pods=false",
+            ])
+            .unwrap(),
+        )
+        .unwrap();
+        assert!(!narrow.settings.k8s_select_workload_entries);
+        assert!(!narrow.settings.service_entry_select_pods);
     }
 
     #[test]

@@ -586,3 +586,30 @@ fn canary_waypoints_weigh_0_by_default_and_may_come_from_the_namespace() {
         assert!(service.waypoint.is_some());
     }
 }
+
+/// istiod's PILOT_ENABLE_SERVICEENTRY_SELECT_PODS off: a ServiceEntry's `workloadSelector`
+/// selects WorkloadEntries only, no pods.
+#[test]
+fn service_entries_select_pods_unless_disabled() {
+    let mut se = service_entry(NS, "se", &["se.example.com"]);
+    se.workload_selector = Some(labels(&[("app", "a")]));
+    let objects = [
+        Object::Pod(pod_with(NS, "p", "10.0.0.1", &[("app", "a")]).into()),
+        Object::WorkloadEntry(workload_entry(NS, "vm", "10.0.1.1", &[("app", "a")])),
+        Object::ServiceEntry(se),
+    ];
+    for selects_pods in [true, false] {
+        let mut index = Index::new(Settings {
+            service_entry_select_pods: selects_pods,
+            ..Settings::default()
+        });
+        for object in objects.clone() {
+            index.apply(object);
+        }
+        let key = host_key(NS, "se.example.com");
+        let pod = workload(&mut index, &uid(NS, "p"));
+        assert_eq!(pod.services.contains_key(&key), selects_pods);
+        let vm = workload(&mut index, &we_uid(NS, "vm"));
+        assert!(vm.services.contains_key(&key));
+    }
+}

@@ -51,8 +51,13 @@ pub fn services_map(
     member: Member<'_>,
 ) -> BTreeMap<String, PortList> {
     let mut map = BTreeMap::new();
+    let is_pod = matches!(member, Member::Pod(_));
     for candidate in store.selecting(namespace, member.labels()) {
         match candidate {
+            // istiod's PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES.
+            ServiceRef::Kube(_) if !is_pod && !settings.k8s_select_workload_entries => continue,
+            // istiod's PILOT_ENABLE_SERVICEENTRY_SELECT_PODS.
+            ServiceRef::Entry(_) if is_pod && !settings.service_entry_select_pods => continue,
             ServiceRef::Kube(key) => {
                 let Some(svc) = store.services.get(key) else {
                     continue;

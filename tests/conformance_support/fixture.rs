@@ -159,7 +159,8 @@ pub fn load_text(text: &str) -> Result<Vec<Case>, String> {
 /// (whose `topology.istio.io/network` label names the local network) and `root_namespace`
 /// (mesh-wide policies) map one to one; `mesh_config` may set `serviceEntryVisibility`, and
 /// `features` `PILOT_AUTO_ALLOW_WAYPOINT_POLICY` (`--auto-allow-waypoint-policy`) and
-/// `AMBIENT_ENABLE_DRY_RUN_AUTHORIZATION_POLICY` (`--dry-run-authorization-policy`). `revision`
+/// `AMBIENT_ENABLE_DRY_RUN_AUTHORIZATION_POLICY` (`--dry-run-authorization-policy`),
+/// `PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES` and `PILOT_ENABLE_SERVICEENTRY_SELECT_PODS`. `revision`
 /// is istiod's (empty by default: every object is taken, as with an unset `REVISION`). Other
 /// mesh config fields and other features have no ambientd equivalent here: a case setting them
 /// cannot run.
@@ -171,6 +172,7 @@ pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
         _ => None,
     };
     let (mut auto_allow_waypoint_policy, mut dry_run_authorization) = (false, false);
+    let (mut k8s_select_workload_entries, mut service_entry_select_pods) = (true, true);
     for (flag, value) in s.features.iter().flatten() {
         let on = match value {
             Value::Bool(b) => *b,
@@ -186,6 +188,8 @@ pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
         match flag.as_str() {
             "PILOT_AUTO_ALLOW_WAYPOINT_POLICY" => auto_allow_waypoint_policy = on,
             "AMBIENT_ENABLE_DRY_RUN_AUTHORIZATION_POLICY" => dry_run_authorization = on,
+            "PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES" => k8s_select_workload_entries = on,
+            "PILOT_ENABLE_SERVICEENTRY_SELECT_PODS" => service_entry_select_pods = on,
             other => return Err(format!("settings.features.{other} is not supported")),
         }
     }
@@ -214,6 +218,8 @@ pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
             .map(std::sync::Arc::new),
         auto_allow_waypoint_policy,
         dry_run_authorization,
+        k8s_select_workload_entries,
+        service_entry_select_pods,
         ..Settings::default()
     };
     Ok((settings, notes))

@@ -58,6 +58,12 @@ pub struct Settings {
     /// istiod's `AMBIENT_ENABLE_DRY_RUN_AUTHORIZATION_POLICY` (default off): policies annotated
     /// `istio.io/dry-run` are sent with `dry_run` (ztunnel only logs them) instead of not at all.
     pub dry_run_authorization: bool,
+    /// istiod's `PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES` (default on): Kubernetes Services
+    /// select WorkloadEntries by their labels.
+    pub k8s_select_workload_entries: bool,
+    /// istiod's `PILOT_ENABLE_SERVICEENTRY_SELECT_PODS` (default on): ServiceEntries with a
+    /// `workloadSelector` select pods.
+    pub service_entry_select_pods: bool,
 }
 
 impl Default for Settings {
@@ -72,6 +78,8 @@ impl Default for Settings {
             service_entry_visibility: None,
             auto_allow_waypoint_policy: false,
             dry_run_authorization: false,
+            k8s_select_workload_entries: true,
+            service_entry_select_pods: true,
         }
     }
 }
