@@ -475,7 +475,8 @@ async fn a_plugged_in_ca_is_reloaded_when_its_files_change() {
 }
 
 /// The CA's metrics, as istiod names them: the root's expiry (not the signing certificate's),
-/// the chain's (the signing certificate's), signing errors by type, and a malformed ImpersonatedIdentity as an authentication failure.
+/// the chain's (the signing certificate's), signing errors by type, and a malformed ImpersonatedIdentity as an authentication failure
+/// (a non-string or empty one is no impersonation, as in istiod).
 #[tokio::test]
 async fn ca_metrics_report_the_roots_expiry_and_each_failure() {
     use ambientd::pb::google::protobuf::{Value, value::Kind};
@@ -521,6 +522,32 @@ async fn ca_metrics_report_the_roots_expiry_and_each_failure() {
         )]
         .into(),
     });
+    // As istiod (`GetStringValue() == ""`), a non-string or empty value is no impersonation:
+    // the caller gets its own identity, and nothing is counted as a failure.
+    let chain = client
+        .create_certificate(request)
+        .await
+        .expect("a non-string ImpersonatedIdentity signs the caller's own identity")
+        .into_inner()
+        .cert_chain;
+    assert_eq!(
+        verify_chain(&chain).uris,
+        ["spiffe://cluster.local/ns/istio-system/sa/ztunnel"]
+    );
+    let request = csr_request(&csr, Some(&token), Some(""));
+    let chain = client
+        .create_certificate(request)
+        .await
+        .expect("an empty ImpersonatedIdentity signs the caller's own identity")
+        .into_inner()
+        .cert_chain;
+    assert_eq!(
+        verify_chain(&chain).uris,
+        ["spiffe://cluster.local/ns/istio-system/sa/ztunnel"]
+    );
+    assert_eq!(metrics.auth_failures.get(), failures);
+    // A string that is not a SPIFFE id of ours is a failure.
+    let request = csr_request(&csr, Some(&token), Some("web"));
     let status = client.create_certificate(request).await.unwrap_err();
     assert_eq!(status.code(), Code::Unauthenticated);
     assert_eq!(metrics.auth_failures.get(), failures + 1);

@@ -131,23 +131,16 @@ impl IstioCertificateService for CertificateService {
             }
         };
         let request = request.into_inner();
-        let impersonate = match request
+        // istiod reads the field with `GetStringValue()` and impersonates only when that is not
+        // empty: an empty or non-string value asks for the caller's own identity.
+        let impersonate = request
             .metadata
             .as_ref()
             .and_then(|m| m.fields.get(IMPERSONATED_IDENTITY))
-        {
-            None => None,
-            Some(value) => match &value.kind {
-                Some(ValueKind::StringValue(s)) => Some(s.as_str()),
-                _ => {
-                    warn!(%peer, caller = %caller.identity, "CSR refused: ImpersonatedIdentity is not a string");
-                    state.metrics.auth_failures.inc();
-                    return Err(Status::unauthenticated(
-                        "request impersonation authentication failure",
-                    ));
-                }
-            },
-        };
+            .and_then(|value| match &value.kind {
+                Some(ValueKind::StringValue(s)) if !s.is_empty() => Some(s.as_str()),
+                _ => None,
+            });
         let identity = match authorize(&state.policy, &caller, impersonate, state.pods.as_ref()) {
             Ok(identity) => identity,
             Err(refusal) => {
