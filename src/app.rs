@@ -214,6 +214,23 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         });
     }
 
+    if let Some((client, cluster, writes)) = &cluster
+        && let Some(prefixes) = writes.ip_autoallocate
+    {
+        let allocation = crate::kube::ip_allocate::IpAllocation {
+            client: client.clone(),
+            selectors: cluster.discovery_selectors.clone(),
+            prefixes,
+            backoff: writes.backoff,
+            max_backoff: writes.max_backoff,
+        };
+        let (leadership, stop) = (leadership.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            allocation.run(leadership, stop).await;
+            Ok(())
+        });
+    }
+
     if let Some((client, _, writes)) = &cluster
         && writes.status
     {

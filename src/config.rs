@@ -169,6 +169,29 @@ pub struct ServeArgs {
     )]
     pub service_entry_select_pods: bool,
 
+    /// istiod's PILOT_ENABLE_IP_AUTOALLOCATE: the leader allocates addresses to ServiceEntries
+    /// without `spec.addresses` (in their `status.addresses`), and their Services carry them
+    /// (`false`: neither).
+    #[arg(
+        long,
+        env = "AMBIENTD_IP_AUTOALLOCATE",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub ip_autoallocate: bool,
+
+    /// istiod's PILOT_IP_AUTOALLOCATE_IPV4_PREFIX: the range auto-allocated IPv4 addresses come
+    /// from.
+    #[arg(long, env = "AMBIENTD_IP_AUTOALLOCATE_IPV4_PREFIX", default_value = crate::kube::ip_allocate::DEFAULT_IPV4_PREFIX)]
+    pub ip_autoallocate_ipv4_prefix: String,
+
+    /// istiod's PILOT_IP_AUTOALLOCATE_IPV6_PREFIX: the range auto-allocated IPv6 addresses come
+    /// from.
+    #[arg(long, env = "AMBIENTD_IP_AUTOALLOCATE_IPV6_PREFIX", default_value = crate::kube::ip_allocate::DEFAULT_IPV6_PREFIX)]
+    pub ip_autoallocate_ipv6_prefix: String,
+
     /// Quiet period before a batch of changes is pushed (istiod's PILOT_DEBOUNCE_AFTER is
     /// 100ms); `0` pushes as soon as queued events are applied. The default is 0: measured
     /// (BENCHMARKS.md, T4/T8), a quiet period only adds latency, since events queued while the
@@ -451,6 +474,18 @@ fn cluster_writes(args: &ServeArgs) -> Result<crate::kube::writes::ClusterWrites
         ca_secrets: args.ca_secrets && args.ca.cacerts.is_none(),
         root_configmaps: args.root_configmaps,
         status: args.write_status,
+        ip_autoallocate: match args.ip_autoallocate {
+            true => Some(
+                crate::kube::ip_allocate::Prefixes::parse(
+                    &args.ip_autoallocate_ipv4_prefix,
+                    &args.ip_autoallocate_ipv6_prefix,
+                )
+                .map_err(|e| {
+                    format!("--ip-autoallocate-ipv4-prefix/--ip-autoallocate-ipv6-prefix: {e}")
+                })?,
+            ),
+            false => None,
+        },
         status_qps: args.status_qps,
         ..crate::kube::writes::ClusterWrites::new(&args.system_namespace)
     })
@@ -530,6 +565,7 @@ impl TryFrom<ServeArgs> for Config {
                 dry_run_authorization: args.dry_run_authorization_policy,
                 k8s_select_workload_entries: args.k8s_select_workload_entries,
                 service_entry_select_pods: args.service_entry_select_pods,
+                ip_autoallocate: args.ip_autoallocate,
             },
             log_filter: None,
             debounce: crate::push::Debounce {
@@ -653,6 +689,40 @@ mod tests {
         .unwrap();
         assert!(!narrow.settings.k8s_select_workload_entries);
         assert!(!narrow.settings.service_entry_select_pods);
+    }
+
+    #[test]
+    fn ip_autoallocation_is_on_with_istiods_ranges_unless_turned_off() {
+        let on = Config::try_from(parse(&[]).unwrap()).unwrap();
+        assert!(on.settings.ip_autoallocate);
+        let prefixes = on.writes.unwrap().ip_autoallocate.unwrap();
+        assert_eq!(prefixes, crate::kube::ip_allocate::Prefixes::default());
+        assert_eq!(prefixes.v4.to_string(), "240.240.0.0/16");
+        assert_eq!(prefixes.v6.to_string(), "2001:2::/48");
+        let off = Config::try_from(parse(&["--ip-autoallocate=false"]).unwrap()).unwrap();
+        assert!(!off.settings.ip_autoallocate);
+        assert_eq!(off.writes.unwrap().ip_autoallocate, None);
+        // Manifests mode allocates nothing, but uses addresses a manifest's status carries.
+        let manifests = Config::try_from(parse(&["--manifests", "x"]).unwrap()).unwrap();
+        assert!(manifests.settings.ip_autoallocate && manifests.writes.is_none());
+        for (args, error) in [
+            (
+                &["--ip-autoallocate-ipv4-prefix", "2001:2::/48"][..],
+                "not an IPv4 prefix",
+            ),
+            (
+                &["--ip-autoallocate-ipv6-prefix", "10.0.0.0/8"][..],
+                "not an IPv6 prefix",
+            ),
+            (&["--ip-autoallocate-ipv4-prefix", "10.0.0.0"][..], "no /"),
+            (
+                &["--ip-autoallocate-ipv4-prefix", "10.0.0.0/40"][..],
+                "0 to 32",
+            ),
+        ] {
+            let got = Config::try_from(parse(args).unwrap()).unwrap_err();
+            assert!(got.contains(error), "{args:?}: {got}");
+        }
     }
 
     #[test]

@@ -278,6 +278,7 @@ fn values_reach_the_args() {
             "shutdownGrace": "20s",
             "xds": {"scopeToNode": true},
             "rootNamespace": "mesh-config",
+            "ipAutoallocate": {"ipv4Prefix": "240.241.0.0/24", "ipv6Prefix": "2001:3::/64"},
         }),
         "mesh-system",
     );
@@ -309,6 +310,16 @@ fn values_reach_the_args() {
     assert_eq!(config.debounce.max, std::time::Duration::from_secs(2));
     assert_eq!(config.shutdown_grace, std::time::Duration::from_secs(20));
     assert!(config.scope_to_node);
+    assert!(config.settings.ip_autoallocate);
+    let prefixes = config.writes.as_ref().unwrap().ip_autoallocate.unwrap();
+    assert_eq!(
+        (prefixes.v4.to_string(), prefixes.v6.to_string()),
+        ("240.241.0.0/24".to_string(), "2001:3::/64".to_string())
+    );
+    let off =
+        parse_args(&helm.render(json!({"ipAutoallocate": {"enabled": false}}), "mesh-system"));
+    assert!(!off.settings.ip_autoallocate);
+    assert_eq!(off.writes.unwrap().ip_autoallocate, None);
     // extraArgs are appended as given.
     assert_eq!(
         rendered.args().last().map(String::as_str),

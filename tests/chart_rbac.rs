@@ -251,6 +251,24 @@ fn rules_follow_the_features_turned_on() {
         let rendered = helm.render(values.clone(), NS);
         assert!(!rbac_allows(&rendered.objects, gone), "{values}: {gone:?}");
     }
+    // The IP auto-allocator's status patch stays without the status writer, and goes with
+    // the allocator.
+    let allocate = ApiCall::new("patch", "networking.istio.io", "serviceentries")
+        .sub("status")
+        .ns("bookinfo")
+        .named("x");
+    let read = ApiCall::new("get", "networking.istio.io", "serviceentries")
+        .sub("status")
+        .ns("bookinfo")
+        .named("x");
+    let rendered = helm.render(json!({"writeStatus": false}), NS);
+    assert!(rbac_allows(&rendered.objects, &allocate));
+    assert!(!rbac_allows(&rendered.objects, &read));
+    let rendered = helm.render(
+        json!({"writeStatus": false, "ipAutoallocate": {"enabled": false}}),
+        NS,
+    );
+    assert!(!rbac_allows(&rendered.objects, &allocate));
     // A renamed Lease is the one granted.
     let rendered = helm.render(json!({"leaderElection": {"leaseName": "mesh-leader"}}), NS);
     let renew = |name| {

@@ -53,16 +53,12 @@ pub fn build(
         .collect();
     let visibility = store.entry_visibility(&se.namespace).unwrap_or_default();
     let local_only = visibility == Visibility::Namespace;
-    let auto_allocate = se.addresses.is_empty()
-        && se.resolution != Resolution::None
-        && !se.labels.get(AUTOALLOCATE_LABEL).is_some_and(is_false);
+    let auto_allocate = settings.ip_autoallocate && auto_allocates(se);
     se.hosts
         .iter()
         .filter(|host| wins(store, se, host))
         .map(|host| {
-            let addresses = if auto_allocate
-                && (!host.starts_with('*') || se.resolution == Resolution::DynamicDns)
-            {
+            let addresses = if auto_allocate && allocates_host(se, host) {
                 se.allocated
                     .iter()
                     .filter(|(h, _)| h == host)
@@ -100,6 +96,23 @@ pub fn build(
             }
         })
         .collect()
+}
+
+/// Whether the entry's Services take auto-allocated addresses (`status.addresses`), as istiod's
+/// `ShouldV2AutoAllocateIP` decides (with `PILOT_ENABLE_IP_AUTOALLOCATE` on): no
+/// `spec.addresses`, a resolution other than NONE, and no opt-out label
+/// `networking.istio.io/enable-autoallocate-ip: "false"`. The allocator
+/// (`kube::ip_allocate`) assigns them by the same rule.
+pub fn auto_allocates(se: &ServiceEntry) -> bool {
+    se.addresses.is_empty()
+        && se.resolution != Resolution::None
+        && !se.labels.get(AUTOALLOCATE_LABEL).is_some_and(is_false)
+}
+
+/// Whether `host` of an auto-allocating entry gets addresses: a wildcard host only with
+/// DYNAMIC_DNS resolution (istiod's `keepHost`).
+pub fn allocates_host(se: &ServiceEntry, host: &str) -> bool {
+    !host.starts_with('*') || se.resolution == Resolution::DynamicDns
 }
 
 /// Go's `strings.EqualFold(value, "false")`, which istiod uses for the auto-allocation opt-out:

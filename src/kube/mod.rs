@@ -11,10 +11,12 @@
 
 pub mod ca_secret;
 pub mod cluster;
+pub mod ip_allocate;
 pub mod leader;
 pub mod manifests;
 pub mod mesh;
 pub mod mesh_config;
+mod namespaces;
 pub mod objects;
 pub mod root_configmap;
 pub mod security;

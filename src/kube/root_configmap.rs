@@ -27,6 +27,7 @@ use tracing::{debug, info, warn};
 use crate::discovery::model::Labels;
 use crate::kube::cluster::DiscoverySelectors;
 use crate::kube::leader::Leadership;
+use crate::kube::namespaces::Namespaces;
 
 /// The ConfigMap's name (istiod's `PILOT_CA_CERT_CONFIGMAP` default).
 pub const ROOT_CONFIGMAP: &str = "istio-ca-root-cert";
@@ -57,14 +58,6 @@ impl std::fmt::Debug for RootConfigMaps {
     }
 }
 
-#[derive(Debug, Default)]
-struct Namespaces {
-    /// name -> (labels, terminating)
-    current: BTreeMap<String, (Labels, bool)>,
-    relisting: Option<BTreeMap<String, (Labels, bool)>>,
-    listed: bool,
-}
-
 /// What a namespace's root ConfigMap holds now.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Held {
@@ -87,14 +80,6 @@ struct Retry {
     delay: Duration,
 }
 
-fn namespace_entry(ns: &Namespace) -> Option<(String, (Labels, bool))> {
-    let name = ns.metadata.name.clone()?;
-    let labels = ns.metadata.labels.clone().unwrap_or_default();
-    let terminating = ns.metadata.deletion_timestamp.is_some()
-        || ns.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Terminating");
-    Some((name, (labels.into_iter().collect(), terminating)))
-}
-
 fn map_entry(cm: &ConfigMap) -> Option<(String, Held)> {
     let namespace = cm.metadata.namespace.clone()?;
     let labelled = cm
@@ -111,34 +96,6 @@ fn map_entry(cm: &ConfigMap) -> Option<(String, Held)> {
             labelled,
         },
     ))
-}
-
-impl Namespaces {
-    fn apply(&mut self, event: Result<watcher::Event<Namespace>, watcher::Error>) {
-        match event {
-            Ok(watcher::Event::Init) => self.relisting = Some(BTreeMap::new()),
-            Ok(watcher::Event::InitApply(ns)) => {
-                if let (Some(list), Some((k, v))) = (&mut self.relisting, namespace_entry(&ns)) {
-                    list.insert(k, v);
-                }
-            }
-            Ok(watcher::Event::InitDone) => {
-                self.current = self.relisting.take().unwrap_or_default();
-                self.listed = true;
-            }
-            Ok(watcher::Event::Apply(ns)) => {
-                if let Some((k, v)) = namespace_entry(&ns) {
-                    self.current.insert(k, v);
-                }
-            }
-            Ok(watcher::Event::Delete(ns)) => {
-                if let Some(name) = &ns.metadata.name {
-                    self.current.remove(name);
-                }
-            }
-            Err(error) => warn!(%error, "watching Namespaces for the root ConfigMaps"),
-        }
-    }
 }
 
 impl Maps {
@@ -208,9 +165,9 @@ impl RootConfigMaps {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 Some(event) = namespace_events.next() => {
-                    namespaces.apply(event);
+                    namespaces.apply(event, "the root ConfigMaps");
                     while let Some(Some(event)) = namespace_events.next().now_or_never() {
-                        namespaces.apply(event);
+                        namespaces.apply(event, "the root ConfigMaps");
                     }
                 }
                 Some(event) = map_events.next() => {

@@ -1,6 +1,7 @@
 //! What ambientd writes to the cluster, and who writes it: the settings that `app` wires into
 //! [`leader`](crate::kube::leader), [`ca_secret`](crate::kube::ca_secret),
-//! [`root_configmap`](crate::kube::root_configmap) and [`status`](crate::kube::status).
+//! [`root_configmap`](crate::kube::root_configmap), [`status`](crate::kube::status) and
+//! [`ip_allocate`](crate::kube::ip_allocate).
 
 use std::time::Duration;
 
@@ -19,6 +20,9 @@ pub struct ClusterWrites {
     pub root_configmaps: bool,
     /// The leader writes status conditions (`ZtunnelAccepted`, `istio.io/WaypointBound`).
     pub status: bool,
+    /// The leader allocates addresses to addressless ServiceEntries from these ranges
+    /// ([`ip_allocate`](crate::kube::ip_allocate)); `None`: it does not.
+    pub ip_autoallocate: Option<crate::kube::ip_allocate::Prefixes>,
     /// Status API calls per second (reads and patches), the leader's budget for a mass change.
     pub status_qps: u32,
     /// First retry delay after a failed write, doubling up to `max_backoff`.
@@ -34,6 +38,7 @@ impl ClusterWrites {
             ca_secrets: true,
             root_configmaps: true,
             status: true,
+            ip_autoallocate: Some(crate::kube::ip_allocate::Prefixes::default()),
             status_qps: 20,
             backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(60),

@@ -160,7 +160,8 @@ pub fn load_text(text: &str) -> Result<Vec<Case>, String> {
 /// (mesh-wide policies) map one to one; `mesh_config` may set `serviceEntryVisibility`, and
 /// `features` `PILOT_AUTO_ALLOW_WAYPOINT_POLICY` (`--auto-allow-waypoint-policy`) and
 /// `AMBIENT_ENABLE_DRY_RUN_AUTHORIZATION_POLICY` (`--dry-run-authorization-policy`),
-/// `PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES` and `PILOT_ENABLE_SERVICEENTRY_SELECT_PODS`. `revision`
+/// `PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES`, `PILOT_ENABLE_SERVICEENTRY_SELECT_PODS` and
+/// `PILOT_ENABLE_IP_AUTOALLOCATE` (`--ip-autoallocate`). `revision`
 /// is istiod's (empty by default: every object is taken, as with an unset `REVISION`). Other
 /// mesh config fields and other features have no ambientd equivalent here: a case setting them
 /// cannot run.
@@ -173,6 +174,7 @@ pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
     };
     let (mut auto_allow_waypoint_policy, mut dry_run_authorization) = (false, false);
     let (mut k8s_select_workload_entries, mut service_entry_select_pods) = (true, true);
+    let mut ip_autoallocate = true;
     for (flag, value) in s.features.iter().flatten() {
         let on = match value {
             Value::Bool(b) => *b,
@@ -190,6 +192,7 @@ pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
             "AMBIENT_ENABLE_DRY_RUN_AUTHORIZATION_POLICY" => dry_run_authorization = on,
             "PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES" => k8s_select_workload_entries = on,
             "PILOT_ENABLE_SERVICEENTRY_SELECT_PODS" => service_entry_select_pods = on,
+            "PILOT_ENABLE_IP_AUTOALLOCATE" => ip_autoallocate = on,
             other => return Err(format!("settings.features.{other} is not supported")),
         }
     }
@@ -220,6 +223,7 @@ pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
         dry_run_authorization,
         k8s_select_workload_entries,
         service_entry_select_pods,
+        ip_autoallocate,
         ..Settings::default()
     };
     Ok((settings, notes))

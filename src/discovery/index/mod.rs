@@ -64,6 +64,9 @@ pub struct Settings {
     /// istiod's `PILOT_ENABLE_SERVICEENTRY_SELECT_PODS` (default on): ServiceEntries with a
     /// `workloadSelector` select pods.
     pub service_entry_select_pods: bool,
+    /// istiod's `PILOT_ENABLE_IP_AUTOALLOCATE` (default on): an addressless ServiceEntry's
+    /// Services carry the addresses allocated in its `status.addresses`.
+    pub ip_autoallocate: bool,
 }
 
 impl Default for Settings {
@@ -80,6 +83,7 @@ impl Default for Settings {
             dry_run_authorization: false,
             k8s_select_workload_entries: true,
             service_entry_select_pods: true,
+            ip_autoallocate: true,
         }
     }
 }
