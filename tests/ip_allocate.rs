@@ -254,3 +254,80 @@ async fn with_ip_autoallocate_off_nothing_is_written_or_served() {
     assert!(patches.is_empty(), "{patches:?}");
     running.stop().await;
 }
+
+/// Two replicas electing a leader: only the leader allocates, and after a failover the new
+/// leader reads what is allocated before it allocates, so it never hands out an address twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_leader_allocates_and_a_new_leader_continues_where_it_left_off() {
+    use kube_support::replica::{SYSTEM, replica};
+    let fake = FakeApiServer::start().await;
+    fake.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM}}));
+    fake.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ns"}}));
+    fake.apply(entry(
+        "first",
+        "2026-01-01T00:00:00Z",
+        dns(&["first.example.com"]),
+        None,
+    ));
+    let a = replica(&fake, "a", &[]).await;
+    let b = replica(&fake, "b", &[]).await;
+    until("first's addresses", || {
+        !allocated(&fake, "first").is_empty()
+    })
+    .await;
+    assert_eq!(
+        allocated(&fake, "first"),
+        [
+            "first.example.com=240.240.0.1",
+            "first.example.com=2001:2::1"
+        ]
+    );
+    let status_patches = || {
+        fake.requests()
+            .into_iter()
+            .filter(|r| {
+                r.starts_with("PATCH") && r.contains("/serviceentries/") && r.contains("/status")
+            })
+            .count()
+    };
+    // Give the other replica time to have (wrongly) written too.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(status_patches(), 1, "{:?}", fake.requests());
+
+    let (leader, follower) = if a.running.leadership.is_leader() {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    leader.running.stop().await;
+    until("the follower leads", || {
+        follower.running.leadership.is_leader()
+    })
+    .await;
+    fake.apply(entry(
+        "second",
+        "2026-01-02T00:00:00Z",
+        dns(&["second.example.com"]),
+        None,
+    ));
+    until("second's addresses", || {
+        !allocated(&fake, "second").is_empty()
+    })
+    .await;
+    assert_eq!(
+        allocated(&fake, "second"),
+        [
+            "second.example.com=240.240.0.2",
+            "second.example.com=2001:2::2"
+        ]
+    );
+    assert_eq!(
+        allocated(&fake, "first"),
+        [
+            "first.example.com=240.240.0.1",
+            "first.example.com=2001:2::1"
+        ]
+    );
+    assert_eq!(status_patches(), 2, "{:?}", fake.requests());
+    follower.running.stop().await;
+}
