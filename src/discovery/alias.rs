@@ -2,9 +2,13 @@
 //!
 //! Every address of every workload and service is an alias (`/10.0.0.5` on the default
 //! network), so at 100k pods the keys were 100k strings: a 32-byte block each, plus a link in
-//! each resource to find them again. An `Alias` is the network's index in a small table, the
-//! IP and a CIDR prefix length, inline in the map's slot; a resource's aliases are read back
-//! from its encoded value when it changes ([`addresses_of`]), so it keeps no copy.
+//! each resource to find them again. An `Alias` is the network's index in a small table and
+//! the IP, inline in the map's slot; a resource's aliases are read back from its encoded value
+//! when it changes ([`addresses_of`]), so it keeps no copy.
+//!
+//! A service's CIDR address (a ServiceEntry's `10.1.0.0/16`) is keyed by its IP alone, as
+//! istiod's address index keys it (`networkAddressFromService`): `net/10.1.0.0` finds it, and
+//! `net/10.1.0.0/16` is no key at all.
 
 use std::net::IpAddr;
 
@@ -13,14 +17,12 @@ use prost::Message;
 use crate::discovery::names::ip_from_bytes;
 use crate::discovery::resource::Name;
 
-/// A `network/ip` key, or `network/ip/len` for a service's CIDR address.
+/// A `network/ip` key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Alias {
     /// Index of the network's name in the snapshot's [`Networks`] (0: the default, `""`).
     network: u16,
     ip: IpAddr,
-    /// The prefix length of a CIDR address.
-    prefix: Option<u8>,
 }
 
 /// The names of the networks aliases refer to, in the order first seen; the default network
@@ -42,7 +44,7 @@ impl Networks {
     }
 
     /// The alias of an address on `network`, adding the network to the table if it is new.
-    pub(crate) fn alias(&mut self, network: &str, ip: IpAddr, prefix: Option<u8>) -> Alias {
+    pub(crate) fn alias(&mut self, network: &str, ip: IpAddr) -> Alias {
         let network = match self.index(network) {
             Some(i) => i,
             None => {
@@ -52,42 +54,31 @@ impl Networks {
                 u16::try_from(self.0.len() - 1).expect("under 65536 networks")
             }
         };
-        Alias {
-            network,
-            ip,
-            prefix,
-        }
+        Alias { network, ip }
     }
 
-    /// The alias a lookup key names (`network/ip` or `network/ip/len`); `None` when it is not
-    /// one, or names a network no address is on.
+    /// The alias a lookup key names (`network/ip`); `None` when it is not one, or names a
+    /// network no address is on.
     pub fn parse(&self, key: &str) -> Option<Alias> {
-        let (network, rest) = key.split_once('/')?;
-        let (ip, prefix) = match rest.split_once('/') {
-            Some((ip, len)) => (ip, Some(len.parse().ok()?)),
-            None => (rest, None),
-        };
+        let (network, ip) = key.split_once('/')?;
         Some(Alias {
             network: self.index(network)?,
             ip: ip.parse().ok()?,
-            prefix,
         })
     }
 
-    /// The key as text: `network/ip`, or `network/ip/len`.
+    /// The key as text: `network/ip`.
     pub fn text(&self, alias: &Alias) -> String {
         let network = self.0.get(usize::from(alias.network)).map_or("", |n| n);
-        match alias.prefix {
-            Some(len) => format!("{network}/{}/{len}", alias.ip),
-            None => format!("{network}/{}", alias.ip),
-        }
+        format!("{network}/{}", alias.ip)
     }
 }
 
-/// The addresses of an encoded `istio.workload.Address`: `(network, ip, prefix length)` for
-/// each of a workload's `addresses` (on its `network`) or a service's. Reads only those fields
-/// (prost skips the rest), so it costs a fraction of decoding the message.
-pub(crate) fn addresses_of(value: &[u8]) -> Vec<(String, IpAddr, Option<u8>)> {
+/// The addresses of an encoded `istio.workload.Address`: `(network, ip)` for each of a
+/// workload's `addresses` (on its `network`) or a service's (a CIDR's length is not read).
+/// Reads only those fields (prost skips the rest), so it costs a fraction of decoding the
+/// message.
+pub(crate) fn addresses_of(value: &[u8]) -> Vec<(String, IpAddr)> {
     let Ok(address) = AddressIps::decode(value) else {
         return Vec::new();
     };
@@ -96,16 +87,12 @@ pub(crate) fn addresses_of(value: &[u8]) -> Vec<(String, IpAddr, Option<u8>)> {
             .addresses
             .iter()
             .filter_map(|raw| ip_from_bytes(raw))
-            .map(|ip| (w.network.clone(), ip, None))
+            .map(|ip| (w.network.clone(), ip))
             .collect(),
         Some(Ips::Service(s)) => s
             .addresses
             .into_iter()
-            .filter_map(|a| {
-                let ip = ip_from_bytes(&a.address)?;
-                let prefix = a.length.map(|l| u8::try_from(l).unwrap_or(u8::MAX));
-                Some((a.network, ip, prefix))
-            })
+            .filter_map(|a| Some((a.network, ip_from_bytes(&a.address)?)))
             .collect(),
         None => Vec::new(),
     }
@@ -148,8 +135,6 @@ struct NetworkAddressIp {
     network: String,
     #[prost(bytes = "vec", tag = "2")]
     address: Vec<u8>,
-    #[prost(uint32, optional, tag = "3")]
-    length: Option<u32>,
 }
 
 #[cfg(test)]
@@ -161,9 +146,9 @@ mod tests {
     #[test]
     fn keys_read_back_as_written_and_unknown_networks_name_nothing() {
         let mut networks = Networks::default();
-        let v4 = networks.alias("", "10.0.0.5".parse().unwrap(), None);
-        let cidr = networks.alias("net1", "fd00::".parse().unwrap(), Some(64));
-        for (alias, text) in [(v4, "/10.0.0.5"), (cidr, "net1/fd00::/64")] {
+        let v4 = networks.alias("", "10.0.0.5".parse().unwrap());
+        let v6 = networks.alias("net1", "fd00::".parse().unwrap());
+        for (alias, text) in [(v4, "/10.0.0.5"), (v6, "net1/fd00::")] {
             assert_eq!(networks.text(&alias), text);
             assert_eq!(networks.parse(text), Some(alias));
         }
@@ -172,15 +157,13 @@ mod tests {
             "10.0.0.5",
             "/not-an-ip",
             "/10.0.0.5/x",
+            "net1/fd00::/64",
             "ns/host.name",
         ] {
             assert_eq!(networks.parse(key), None, "{key}");
         }
         // The same network again is the same entry.
-        assert_eq!(
-            networks.alias("net1", "fd00::".parse().unwrap(), Some(64)),
-            cidr
-        );
+        assert_eq!(networks.alias("net1", "fd00::".parse().unwrap()), v6);
     }
 
     #[test]
@@ -201,8 +184,8 @@ mod tests {
         assert_eq!(
             addresses_of(&workload.encode_to_vec()),
             vec![
-                ("net1".to_string(), ip("10.0.0.5"), None),
-                ("net1".to_string(), ip("fd00::5"), None)
+                ("net1".to_string(), ip("10.0.0.5")),
+                ("net1".to_string(), ip("fd00::5"))
             ]
         );
         let service = wl::Address {
@@ -227,8 +210,8 @@ mod tests {
         assert_eq!(
             addresses_of(&service.encode_to_vec()),
             vec![
-                (String::new(), ip("10.96.0.1"), None),
-                ("net2".to_string(), ip("10.1.0.0"), Some(16))
+                (String::new(), ip("10.96.0.1")),
+                ("net2".to_string(), ip("10.1.0.0"))
             ]
         );
         assert!(addresses_of(b"\xff not protobuf").is_empty());

@@ -366,7 +366,7 @@ impl Resource {
 pub(crate) fn aliases_in(value: &[u8], networks: &mut Networks) -> Vec<Alias> {
     let mut aliases: Vec<Alias> = addresses_of(value)
         .into_iter()
-        .map(|(network, ip, prefix)| networks.alias(&network, ip, prefix))
+        .map(|(network, ip)| networks.alias(&network, ip))
         .collect();
     aliases.sort_unstable();
     aliases.dedup();

@@ -501,7 +501,7 @@ impl Snapshot {
         }
     }
 
-    /// The names with the address a `network/ip` (or `network/ip/len`) key names.
+    /// The names with the address a `network/ip` key names.
     pub fn alias(&self, key: &str) -> Option<&Names> {
         self.aliases.get(&self.networks.parse(key)?)
     }
