@@ -11,14 +11,14 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use super::*;
 
-const DELTA_PATH: &str =
+pub(super) const DELTA_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
 
 /// How long one storm client waits for its initial responses: in a storm each waits its turn.
 const STORM_WAIT: Duration = Duration::from_secs(180);
 
 /// `message` as one gRPC frame.
-fn grpc_frame(message: &impl Message) -> Bytes {
+pub(super) fn grpc_frame(message: &impl Message) -> Bytes {
     let mut buf = BytesMut::with_capacity(5 + message.encoded_len());
     buf.put_u8(0);
     buf.put_u32(message.encoded_len() as u32);

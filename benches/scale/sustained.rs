@@ -363,11 +363,18 @@ fn epoch_micros() -> u128 {
 
 /// The T8 client process: `count` ztunnel-shaped streams that ACK every response and report
 /// each arrival of the probe pod (`P stream probe micros`), until stdin closes.
+///
+/// The streams are raw HTTP/2 (h2, with hyper's client windows: 2 MiB per stream, 5 MiB per
+/// connection, as the tonic clients had) speaking delta ADS over gRPC framing: the same
+/// requests, one ACK per response. Each response is read only as far as an ACK needs (its
+/// type URL and nonce) and each resource's name; only the probe pod's payload is decoded.
+/// Until session 10 they were tonic clients that decoded every response in full, which took
+/// 42 % of the two cores the server also runs on (`SCALE_T8_CLIENTS=tonic` runs them still).
 pub(super) fn t8_clients_process(address: &str, count: usize, probe_uid: &str) {
     let rt = runtime();
     let address: std::net::SocketAddr = address.parse().expect("address");
+    let tonic_clients = std::env::var("SCALE_T8_CLIENTS").is_ok_and(|v| v == "tonic");
     rt.block_on(async {
-        let (clients, _) = connect_all(address, count, 64, &Known::default()).await;
         let (lines, mut lines_rx) = mpsc::unbounded_channel::<String>();
         let writer = std::thread::spawn(move || {
             let stdout = std::io::stdout();
@@ -380,46 +387,37 @@ pub(super) fn t8_clients_process(address: &str, count: usize, probe_uid: &str) {
             }
             let _ = out.flush();
         });
-        let _ = lines.send(format!("READY {}", clients.len()));
         let responses = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let stop = CancellationToken::new();
         let mut readers = tokio::task::JoinSet::new();
-        for (id, mut client) in clients.into_iter().enumerate() {
-            let lines = lines.clone();
-            let stop = stop.clone();
-            let probe_uid = probe_uid.to_string();
-            let responses = responses.clone();
-            readers.spawn(async move {
-                loop {
-                    let message = tokio::select! {
-                        _ = stop.cancelled() => return,
-                        m = client.responses.message() => m,
-                    };
-                    let Ok(Some(response)) = message else { return };
-                    let at = epoch_micros();
-                    responses.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if client.ack(&response).await.is_err() {
-                        return;
+        if tonic_clients {
+            let (clients, _) = connect_all(address, count, 64, &Known::default()).await;
+            let _ = lines.send(format!("READY {}", clients.len()));
+            for (id, client) in clients.into_iter().enumerate() {
+                let (lines, stop) = (lines.clone(), stop.clone());
+                let (probe_uid, responses) = (probe_uid.to_string(), responses.clone());
+                readers.spawn(tonic_reader(id, client, lines, stop, probe_uid, responses));
+            }
+        } else {
+            let streams: Vec<LeanStream> = futures::stream::iter(0..count)
+                .map(|n| async move { LeanStream::sync(address, n).await })
+                .buffer_unordered(64)
+                .filter_map(
+                    |r| async move { r.map_err(|e| eprintln!("T8 client failed: {e:#}")).ok() },
+                )
+                .collect()
+                .await;
+            let _ = lines.send(format!("READY {}", streams.len()));
+            for (id, stream) in streams.into_iter().enumerate() {
+                let (lines, stop) = (lines.clone(), stop.clone());
+                let (probe_uid, responses) = (probe_uid.to_string(), responses.clone());
+                readers.spawn(async move {
+                    tokio::select! {
+                        _ = stop.cancelled() => {}
+                        _ = stream.follow(id, &probe_uid, &lines, &responses) => {}
                     }
-                    let Some(any) = response
-                        .resources
-                        .iter()
-                        .find(|r| r.name == probe_uid)
-                        .and_then(|r| r.resource.as_ref())
-                    else {
-                        continue;
-                    };
-                    let Ok(Address {
-                        r#type: Some(ambientd::pb::workload::address::Type::Workload(w)),
-                    }) = Address::decode(any.value.clone())
-                    else {
-                        continue;
-                    };
-                    if let Some(n) = w.canonical_revision.strip_prefix("probe-") {
-                        let _ = lines.send(format!("P {id} {n} {at}"));
-                    }
-                }
-            });
+                });
+            }
         }
         let stdin = tokio::task::spawn_blocking(|| {
             let mut sink = String::new();
@@ -439,4 +437,194 @@ pub(super) fn t8_clients_process(address: &str, count: usize, probe_uid: &str) {
         drop(lines);
         let _ = writer.join();
     });
+}
+
+/// One tonic client's reading loop (`SCALE_T8_CLIENTS=tonic`): decodes each response in full.
+async fn tonic_reader(
+    id: usize,
+    mut client: Client,
+    lines: mpsc::UnboundedSender<String>,
+    stop: CancellationToken,
+    probe_uid: String,
+    responses: Arc<std::sync::atomic::AtomicUsize>,
+) {
+    loop {
+        let message = tokio::select! {
+            _ = stop.cancelled() => return,
+            m = client.responses.message() => m,
+        };
+        let Ok(Some(response)) = message else { return };
+        let at = epoch_micros();
+        responses.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if client.ack(&response).await.is_err() {
+            return;
+        }
+        let Some(any) = response
+            .resources
+            .iter()
+            .find(|r| r.name == probe_uid)
+            .and_then(|r| r.resource.as_ref())
+        else {
+            continue;
+        };
+        if let Some(n) = probe_revision(&any.value) {
+            let _ = lines.send(format!("P {id} {n} {at}"));
+        }
+    }
+}
+
+/// The `N` of a probe pod's `canonical_revision: probe-N`, from its encoded Address.
+fn probe_revision(address: &[u8]) -> Option<String> {
+    match Address::decode(address) {
+        Ok(Address {
+            r#type: Some(ambientd::pb::workload::address::Type::Workload(w)),
+        }) => w
+            .canonical_revision
+            .strip_prefix("probe-")
+            .map(str::to_string),
+        _ => None,
+    }
+}
+
+/// A `DeltaDiscoveryResponse` read only as far as the lean client needs: the fields an ACK
+/// names, and each resource's name and undecoded `Any` (prost reads a message field as its
+/// bytes, without copying them out of the received buffer).
+#[derive(Clone, PartialEq, prost::Message)]
+struct Skimmed {
+    #[prost(message, repeated, tag = "2")]
+    resources: Vec<SkimmedResource>,
+    #[prost(string, tag = "4")]
+    type_url: String,
+    #[prost(string, tag = "5")]
+    nonce: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct SkimmedResource {
+    #[prost(bytes = "bytes", tag = "3")]
+    name: bytes::Bytes,
+    #[prost(bytes = "bytes", tag = "2")]
+    resource: bytes::Bytes,
+}
+
+/// An `Any`'s value (field 2), undecoded.
+#[derive(Clone, PartialEq, prost::Message)]
+struct SkimmedAny {
+    #[prost(bytes = "bytes", tag = "2")]
+    value: bytes::Bytes,
+}
+
+/// A lean T8 stream: raw h2, gRPC-framed delta ADS.
+struct LeanStream {
+    _send: h2::client::SendRequest<bytes::Bytes>,
+    requests: h2::SendStream<bytes::Bytes>,
+    body: h2::RecvStream,
+    /// Received bytes not yet a whole gRPC message.
+    pending: bytes::BytesMut,
+}
+
+impl LeanStream {
+    /// Connects as ztunnel `n`, sends both wildcard initial requests, and reads (and ACKs)
+    /// until both types are answered.
+    async fn sync(address: std::net::SocketAddr, n: usize) -> anyhow::Result<LeanStream> {
+        let tcp = tokio::net::TcpStream::connect(address).await?;
+        tcp.set_nodelay(true)?;
+        let (send, connection) = h2::client::Builder::new()
+            .initial_window_size(2 * 1024 * 1024)
+            .initial_connection_window_size(5 * 1024 * 1024)
+            .handshake(tcp)
+            .await?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        let mut send = send.ready().await?;
+        let request = tonic::codegen::http::Request::builder()
+            .method("POST")
+            .uri(format!("http://{address}{}", storm::DELTA_PATH))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())?;
+        let (response, mut requests) = send.send_request(request, false)?;
+        for type_url in [ADDRESS_TYPE, AUTHORIZATION_TYPE] {
+            requests.send_data(
+                storm::grpc_frame(&DeltaDiscoveryRequest {
+                    node: Some(ztunnel_node(n)),
+                    type_url: type_url.to_string(),
+                    ..Default::default()
+                }),
+                false,
+            )?;
+        }
+        let body = tokio::time::timeout(WAIT, response).await??.into_body();
+        let mut stream = LeanStream {
+            _send: send,
+            requests,
+            body,
+            pending: bytes::BytesMut::new(),
+        };
+        let mut answered = [false; 2];
+        while !(answered[0] && answered[1]) {
+            let response = tokio::time::timeout(WAIT, stream.next())
+                .await
+                .map_err(|_| anyhow::anyhow!("no initial responses within {WAIT:?}"))??;
+            answered[usize::from(response.type_url == AUTHORIZATION_TYPE)] = true;
+        }
+        Ok(stream)
+    }
+
+    /// The next response, ACKed.
+    async fn next(&mut self) -> anyhow::Result<Skimmed> {
+        use bytes::Buf;
+        loop {
+            if self.pending.len() >= 5 {
+                let p = &self.pending;
+                let len = u32::from_be_bytes([p[1], p[2], p[3], p[4]]) as usize;
+                if self.pending.len() >= 5 + len {
+                    self.pending.advance(5);
+                    let message = self.pending.split_to(len).freeze();
+                    let response = Skimmed::decode(message)?;
+                    self.requests.send_data(
+                        storm::grpc_frame(&DeltaDiscoveryRequest {
+                            type_url: response.type_url.clone(),
+                            response_nonce: response.nonce.clone(),
+                            ..Default::default()
+                        }),
+                        false,
+                    )?;
+                    return Ok(response);
+                }
+            }
+            let chunk = self
+                .body
+                .data()
+                .await
+                .ok_or_else(|| anyhow::anyhow!("stream ended"))??;
+            let _ = self.body.flow_control().release_capacity(chunk.len());
+            self.pending.extend_from_slice(&chunk);
+        }
+    }
+
+    /// Reads, ACKs and reports the probe's arrivals until the stream ends.
+    async fn follow(
+        mut self,
+        id: usize,
+        probe_uid: &str,
+        lines: &mpsc::UnboundedSender<String>,
+        responses: &std::sync::atomic::AtomicUsize,
+    ) {
+        while let Ok(response) = self.next().await {
+            let at = epoch_micros();
+            responses.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let probe = response
+                .resources
+                .iter()
+                .find(|r| r.name.as_ref() == probe_uid.as_bytes());
+            let Some(any) = probe.and_then(|r| SkimmedAny::decode(r.resource.clone()).ok()) else {
+                continue;
+            };
+            if let Some(n) = probe_revision(&any.value) {
+                let _ = lines.send(format!("P {id} {n} {at}"));
+            }
+        }
+    }
 }
