@@ -7,7 +7,6 @@
 mod kube_support;
 
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use ambientd::app::{self, Running};
@@ -17,7 +16,7 @@ use ambientd::kube::cluster::{ClusterConfig, Retry};
 use ambientd::kube::writes::ClusterWrites;
 use ambientd::pb::workload::{Address, address};
 use kube_support::FakeApiServer;
-use kube_support::replica::until;
+use kube_support::replica::{snapshot_until, until};
 use prost::Message;
 use serde_json::{Value, json};
 
@@ -138,22 +137,6 @@ fn service_addresses(snapshot: &Snapshot, host: &str) -> Option<Vec<IpAddr>> {
             })
             .collect(),
     )
-}
-
-async fn snapshot_until(
-    running: &Running,
-    what: &str,
-    check: impl Fn(&Snapshot) -> bool,
-) -> Arc<Snapshot> {
-    let mut snapshots = running.snapshots.clone();
-    let found = tokio::time::timeout(
-        WAIT,
-        snapshots.wait_for(|s| s.as_ref().is_some_and(|s| check(s))),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("timed out waiting for: {what}"))
-    .expect("snapshot channel closed");
-    found.clone().expect("published")
 }
 
 #[tokio::test]

@@ -7,7 +7,6 @@ mod kube_support;
 mod support;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use ambientd::app::{self, Running};
@@ -17,6 +16,7 @@ use ambientd::discovery::{Index, Settings, Snapshot};
 use ambientd::kube::cluster::{ClusterConfig, ClusterSource, DiscoverySelectors, Retry};
 use ambientd::kube::manifests::ManifestDir;
 use kube_support::FakeApiServer;
+use kube_support::replica::snapshot_until as until;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -53,19 +53,6 @@ async fn start(cluster: ClusterConfig) -> Running {
         .expect("ambientd did not become ready in time")
         .expect("snapshot channel closed");
     running
-}
-
-/// Waits until the published snapshot satisfies `check`; fails loudly after [`WAIT`].
-async fn until(running: &Running, what: &str, check: impl Fn(&Snapshot) -> bool) -> Arc<Snapshot> {
-    let mut snapshots = running.snapshots.clone();
-    let found = tokio::time::timeout(
-        WAIT,
-        snapshots.wait_for(|s| s.as_ref().is_some_and(|s| check(s))),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("timed out waiting for: {what}"))
-    .expect("snapshot channel closed");
-    found.clone().expect("published")
 }
 
 fn has(snapshot: &Snapshot, name: &str) -> bool {

@@ -24,7 +24,7 @@
 
 pub mod plan;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -40,7 +40,7 @@ use tracing::{debug, info, warn};
 use crate::discovery::model::{Labels, Object};
 use crate::kube::cluster::DiscoverySelectors;
 use crate::kube::leader::Leadership;
-use crate::kube::namespaces::Namespaces;
+use crate::kube::listed::{Listed, namespace_entry};
 use crate::kube::objects::decode_json;
 use plan::{Allocator, Entry, Write};
 pub use plan::{DEFAULT_IPV4_PREFIX, DEFAULT_IPV6_PREFIX, Prefix};
@@ -116,70 +116,38 @@ struct Stored {
     resource_version: String,
 }
 
-#[derive(Debug, Default)]
-struct Entries {
-    current: BTreeMap<String, Stored>,
-    relisting: Option<BTreeMap<String, Stored>>,
-    listed: bool,
-}
+/// The ServiceEntries followed, by `ns/name`.
+type Entries = Listed<Stored>;
+/// The Namespaces followed: labels (for the discovery selectors) and whether terminating.
+type Namespaces = Listed<(Labels, bool)>;
 
-/// `ns/name` and the decoded entry, or why the object cannot be read.
-fn stored(object: &DynamicObject) -> Result<(String, Stored), String> {
-    let json = serde_json::to_string(object).map_err(|e| e.to_string())?;
-    let resource_version = object.metadata.resource_version.clone().unwrap_or_default();
-    match decode_json(API_VERSION, "ServiceEntry", &json) {
-        Some(Ok(Object::ServiceEntry(se))) => Ok((
-            format!("{}/{}", se.namespace, se.name),
-            Stored {
-                entry: Entry { se, selected: true },
-                resource_version,
-            },
-        )),
-        Some(Err(reason)) => Err(reason),
-        _ => Err("not a ServiceEntry".into()),
-    }
-}
-
-fn object_key(object: &DynamicObject) -> String {
-    format!(
+/// `ns/name` and the decoded entry; an entry that cannot be read is logged and kept out.
+fn entry(object: &DynamicObject) -> (String, Option<Stored>) {
+    let key = format!(
         "{}/{}",
         object.metadata.namespace.as_deref().unwrap_or_default(),
         object.metadata.name.as_deref().unwrap_or_default()
-    )
-}
-
-impl Entries {
-    fn insert(map: &mut BTreeMap<String, Stored>, object: &DynamicObject) {
-        match stored(object) {
-            Ok((key, stored)) => {
-                map.insert(key, stored);
-            }
-            Err(reason) => {
-                let key = object_key(object);
-                warn!(serviceentry = %key, %reason, "IP auto-allocation skips an unreadable ServiceEntry");
-                map.remove(&key);
-            }
+    );
+    match stored(object) {
+        Ok(stored) => (key, Some(stored)),
+        Err(reason) => {
+            warn!(serviceentry = %key, %reason, "IP auto-allocation skips an unreadable ServiceEntry");
+            (key, None)
         }
     }
+}
 
-    fn apply(&mut self, event: Result<watcher::Event<DynamicObject>, watcher::Error>) {
-        match event {
-            Ok(watcher::Event::Init) => self.relisting = Some(BTreeMap::new()),
-            Ok(watcher::Event::InitApply(object)) => {
-                if let Some(list) = &mut self.relisting {
-                    Self::insert(list, &object);
-                }
-            }
-            Ok(watcher::Event::InitDone) => {
-                self.current = self.relisting.take().unwrap_or_default();
-                self.listed = true;
-            }
-            Ok(watcher::Event::Apply(object)) => Self::insert(&mut self.current, &object),
-            Ok(watcher::Event::Delete(object)) => {
-                self.current.remove(&object_key(&object));
-            }
-            Err(error) => warn!(%error, "watching ServiceEntries for IP auto-allocation"),
-        }
+/// The decoded entry, or why the object cannot be read.
+fn stored(object: &DynamicObject) -> Result<Stored, String> {
+    let json = serde_json::to_string(object).map_err(|e| e.to_string())?;
+    let resource_version = object.metadata.resource_version.clone().unwrap_or_default();
+    match decode_json(API_VERSION, "ServiceEntry", &json) {
+        Some(Ok(Object::ServiceEntry(se))) => Ok(Stored {
+            entry: Entry { se, selected: true },
+            resource_version,
+        }),
+        Some(Err(reason)) => Err(reason),
+        _ => Err("not a ServiceEntry".into()),
     }
 }
 
@@ -211,15 +179,15 @@ impl IpAllocation {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 Some(event) = entry_events.next() => {
-                    entries.apply(event);
+                    entries.apply(event, entry, "ServiceEntries for IP auto-allocation");
                     while let Some(Some(event)) = entry_events.next().now_or_never() {
-                        entries.apply(event);
+                        entries.apply(event, entry, "ServiceEntries for IP auto-allocation");
                     }
                 }
                 Some(event) = namespace_events.next() => {
-                    namespaces.apply(event, "IP auto-allocation");
+                    namespaces.apply(event, namespace_entry, "Namespaces for IP auto-allocation");
                     while let Some(Some(event)) = namespace_events.next().now_or_never() {
-                        namespaces.apply(event, "IP auto-allocation");
+                        namespaces.apply(event, namespace_entry, "Namespaces for IP auto-allocation");
                     }
                 }
                 leading = leadership.changed() => {
@@ -293,7 +261,9 @@ impl IpAllocation {
             match self.write(&write, &resource_version).await {
                 Ok(object) => {
                     retries.remove(&key);
-                    Entries::insert(&mut entries.current, &object);
+                    if let (key, Some(stored)) = entry(&object) {
+                        entries.current.insert(key, stored);
+                    }
                 }
                 Err(kube::Error::Api(status)) if status.code == 404 => {
                     debug!(serviceentry = %key, "deleted before its addresses were written");

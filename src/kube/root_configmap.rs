@@ -11,7 +11,7 @@
 //! does not lead. Failed writes are retried per namespace with exponential backoff; nothing
 //! here ever stops the process.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 use crate::discovery::model::Labels;
 use crate::kube::cluster::DiscoverySelectors;
 use crate::kube::leader::Leadership;
-use crate::kube::namespaces::Namespaces;
+use crate::kube::listed::{Listed, namespace_entry};
 
 /// The ConfigMap's name (istiod's `PILOT_CA_CERT_CONFIGMAP` default).
 pub const ROOT_CONFIGMAP: &str = "istio-ca-root-cert";
@@ -66,12 +66,10 @@ struct Held {
     labelled: bool,
 }
 
-#[derive(Debug, Default)]
-struct Maps {
-    current: BTreeMap<String, Held>,
-    relisting: Option<BTreeMap<String, Held>>,
-    listed: bool,
-}
+/// The Namespaces followed: labels (for the discovery selectors) and whether terminating.
+type Namespaces = Listed<(Labels, bool)>;
+/// The root ConfigMaps followed, by namespace.
+type Maps = Listed<Held>;
 
 /// A namespace whose write failed: when to try again, and the next delay.
 #[derive(Debug)]
@@ -80,50 +78,20 @@ struct Retry {
     delay: Duration,
 }
 
-fn map_entry(cm: &ConfigMap) -> Option<(String, Held)> {
-    let namespace = cm.metadata.namespace.clone()?;
+fn map_entry(cm: &ConfigMap) -> (String, Option<Held>) {
+    let namespace = cm.metadata.namespace.clone().unwrap_or_default();
     let labelled = cm
         .metadata
         .labels
         .as_ref()
         .and_then(|l| l.get(CONFIG_LABEL.0))
         .is_some_and(|v| v == CONFIG_LABEL.1);
-    Some((
-        namespace,
-        Held {
-            resource_version: cm.metadata.resource_version.clone(),
-            root: cm.data.as_ref().and_then(|d| d.get(ROOT_KEY)).cloned(),
-            labelled,
-        },
-    ))
-}
-
-impl Maps {
-    fn apply(&mut self, event: Result<watcher::Event<ConfigMap>, watcher::Error>) {
-        match event {
-            Ok(watcher::Event::Init) => self.relisting = Some(BTreeMap::new()),
-            Ok(watcher::Event::InitApply(cm)) => {
-                if let (Some(list), Some((k, v))) = (&mut self.relisting, map_entry(&cm)) {
-                    list.insert(k, v);
-                }
-            }
-            Ok(watcher::Event::InitDone) => {
-                self.current = self.relisting.take().unwrap_or_default();
-                self.listed = true;
-            }
-            Ok(watcher::Event::Apply(cm)) => {
-                if let Some((k, v)) = map_entry(&cm) {
-                    self.current.insert(k, v);
-                }
-            }
-            Ok(watcher::Event::Delete(cm)) => {
-                if let Some(ns) = &cm.metadata.namespace {
-                    self.current.remove(ns);
-                }
-            }
-            Err(error) => warn!(%error, "watching the root ConfigMaps"),
-        }
-    }
+    let held = Held {
+        resource_version: cm.metadata.resource_version.clone(),
+        root: cm.data.as_ref().and_then(|d| d.get(ROOT_KEY)).cloned(),
+        labelled,
+    };
+    (namespace, Some(held))
 }
 
 /// Whether `namespace` should hold the root ConfigMap.
@@ -165,15 +133,15 @@ impl RootConfigMaps {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 Some(event) = namespace_events.next() => {
-                    namespaces.apply(event, "the root ConfigMaps");
+                    namespaces.apply(event, namespace_entry, "Namespaces for the root ConfigMaps");
                     while let Some(Some(event)) = namespace_events.next().now_or_never() {
-                        namespaces.apply(event, "the root ConfigMaps");
+                        namespaces.apply(event, namespace_entry, "Namespaces for the root ConfigMaps");
                     }
                 }
                 Some(event) = map_events.next() => {
-                    maps.apply(event);
+                    maps.apply(event, map_entry, "the root ConfigMaps");
                     while let Some(Some(event)) = map_events.next().now_or_never() {
-                        maps.apply(event);
+                        maps.apply(event, map_entry, "the root ConfigMaps");
                     }
                 }
                 changed = roots.changed(), if roots_open => {

@@ -79,3 +79,21 @@ pub async fn until(what: &str, mut check: impl FnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Waits until `running`'s published snapshot satisfies `check`; panics naming `what` after
+/// [`WAIT`].
+pub async fn snapshot_until(
+    running: &Running,
+    what: &str,
+    check: impl Fn(&ambientd::discovery::Snapshot) -> bool,
+) -> std::sync::Arc<ambientd::discovery::Snapshot> {
+    let mut snapshots = running.snapshots.clone();
+    let found = tokio::time::timeout(
+        WAIT,
+        snapshots.wait_for(|s| s.as_ref().is_some_and(|s| check(s))),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("timed out waiting for: {what}"))
+    .expect("snapshot channel closed");
+    found.clone().expect("published")
+}
