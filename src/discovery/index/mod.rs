@@ -338,7 +338,7 @@ impl Index {
                 .map(Object::GatewayClass),
             Kind::Gateway => s.gateways.get(&k).cloned().map(Object::Gateway),
             Kind::Pod => s.pods.get(&k.0, &k.1).cloned().map(Object::Pod),
-            Kind::Service => s.services.get(&k).cloned().map(Object::Service),
+            Kind::Service => s.services.get(&k).map(|s| Object::Service((**s).clone())),
             Kind::ServiceEntry => s.service_entries.get(&k).cloned().map(Object::ServiceEntry),
             Kind::WorkloadEntry => s
                 .workload_entries
