@@ -16,6 +16,7 @@ use prost::Message;
 
 use crate::discovery::names::ip_from_bytes;
 use crate::discovery::resource::Name;
+use crate::discovery::snapshot::{Names, PersistentMap};
 
 /// A `network/ip` key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -71,6 +72,99 @@ impl Networks {
     pub fn text(&self, alias: &Alias) -> String {
         let network = self.0.get(usize::from(alias.network)).map_or("", |n| n);
         format!("{network}/{}", alias.ip)
+    }
+}
+
+/// `network/ip` -> the names of the resources with that address. Nearly every address has one
+/// name (a pod's IP), kept as the name alone: a trie slot of 40 bytes where a [`Names`] made it
+/// 48. The few addresses with several (a VIP shared by services, pods on the host network) are
+/// in a map of their own.
+#[derive(Clone, Debug, Default)]
+pub struct Aliases {
+    one: PersistentMap<Alias, Name>,
+    many: PersistentMap<Alias, Names>,
+}
+
+impl Aliases {
+    /// The names at `alias`, sorted.
+    pub fn get(&self, alias: &Alias) -> Option<Names> {
+        match self.one.get(alias) {
+            Some(name) => Some(Names::One(name.clone())),
+            None => self.many.get(alias).cloned(),
+        }
+    }
+
+    /// Whether `name` is among the names at `alias`.
+    pub fn holds(&self, alias: &Alias, name: &str) -> bool {
+        match self.one.get(alias) {
+            Some(one) => **one == *name,
+            None => self
+                .many
+                .get(alias)
+                .is_some_and(|names| names.binary_search_by(|n| (**n).cmp(name)).is_ok()),
+        }
+    }
+
+    /// Adds `name` at `alias` (nothing if it is there).
+    pub fn add(&mut self, alias: &Alias, name: &Name) {
+        if let Some(names) = self.many.get(alias) {
+            if let Err(at) = names.binary_search(name)
+                && let Some(names) = self.many.get_mut(alias)
+            {
+                names.insert(at, name.clone());
+            }
+            return;
+        }
+        match self.one.get(alias) {
+            None => {
+                self.one.insert(*alias, name.clone());
+            }
+            Some(one) if one == name => {}
+            Some(one) => {
+                let mut names = Names::One(one.clone());
+                let at = usize::from(one < name);
+                names.insert(at, name.clone());
+                self.one.remove(alias);
+                self.many.insert(*alias, names);
+            }
+        }
+    }
+
+    /// Removes `name` from `alias`, and the alias with its last name.
+    pub fn remove(&mut self, alias: &Alias, name: &str) {
+        if self.one.get(alias).is_some_and(|one| **one == *name) {
+            self.one.remove(alias);
+            return;
+        }
+        let Some(names) = self.many.get(alias) else {
+            return;
+        };
+        let Ok(at) = names.binary_search_by(|n| (**n).cmp(name)) else {
+            return;
+        };
+        let Some(names) = self.many.get_mut(alias) else {
+            return;
+        };
+        names.remove(at);
+        if let Names::One(last) = names {
+            let last = last.clone();
+            self.many.remove(alias);
+            self.one.insert(*alias, last);
+        }
+    }
+
+    /// Every alias with its names (in no particular order).
+    pub fn iter(&self) -> impl Iterator<Item = (&Alias, Names)> {
+        let one = self.one.iter().map(|(a, n)| (a, Names::One(n.clone())));
+        one.chain(self.many.iter().map(|(a, names)| (a, names.clone())))
+    }
+
+    pub fn len(&self) -> usize {
+        self.one.len() + self.many.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -164,6 +258,33 @@ mod tests {
         }
         // The same network again is the same entry.
         assert_eq!(networks.alias("net1", "fd00::".parse().unwrap()), v6);
+    }
+
+    #[test]
+    fn one_name_is_kept_alone_and_more_move_to_their_own_map() {
+        let mut networks = Networks::default();
+        let a = networks.alias("", "10.0.0.5".parse().unwrap());
+        let (x, y, z) = (Name::from("x"), Name::from("y"), Name::from("z"));
+        let mut aliases = Aliases::default();
+        aliases.add(&a, &y);
+        aliases.add(&a, &y);
+        assert_eq!((aliases.one.len(), aliases.many.len()), (1, 0));
+        assert_eq!(aliases.get(&a), Some(Names::One(y.clone())));
+        aliases.add(&a, &x);
+        aliases.add(&a, &z);
+        assert_eq!((aliases.one.len(), aliases.many.len()), (0, 1));
+        let names: Vec<Name> = aliases.get(&a).unwrap().iter().cloned().collect();
+        assert_eq!(names, [x.clone(), y.clone(), z.clone()]);
+        assert!(aliases.holds(&a, "z") && !aliases.holds(&a, "w"));
+        aliases.remove(&a, "y");
+        aliases.remove(&a, "w");
+        assert_eq!(aliases.len(), 1);
+        aliases.remove(&a, "x");
+        assert_eq!((aliases.one.len(), aliases.many.len()), (1, 0));
+        assert_eq!(aliases.get(&a), Some(Names::One(z)));
+        assert!(aliases.holds(&a, "z"));
+        aliases.remove(&a, "z");
+        assert!(aliases.is_empty() && aliases.get(&a).is_none());
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use crate::discovery::alias::{Alias, Networks};
+use crate::discovery::alias::{Aliases, Networks};
 use crate::discovery::authorization::PolicyStatus;
 use crate::discovery::links::{waypoint_of, workload_links};
 use crate::discovery::names::TypeKind;
@@ -243,10 +243,10 @@ pub struct Snapshot {
     pub addresses: ResourceMap,
     pub authorizations: ResourceMap,
     /// `network/ip` -> names of Address resources with that address (workloads and services).
-    /// Usually one name each, kept inline. The keys are numbers ([`Alias`]); [`Snapshot::alias`]
+    /// Usually one name each, kept alone ([`Aliases`]). The keys are numbers ([`crate::discovery::alias::Alias`]); [`Snapshot::alias`]
     /// looks one up by its text.
-    pub aliases: PersistentMap<Alias, Names>,
-    /// The networks [`Alias`]es refer to.
+    pub aliases: Aliases,
+    /// The networks aliases refer to.
     pub networks: Networks,
     /// Service name (`ns/hostname`) -> uids of workloads whose services map holds it. Sorted
     /// shared slices: an `imbl::OrdSet` node is a fixed array, and a slice is copied only when a
@@ -502,12 +502,12 @@ impl Snapshot {
     }
 
     /// The names with the address a `network/ip` key names.
-    pub fn alias(&self, key: &str) -> Option<&Names> {
+    pub fn alias(&self, key: &str) -> Option<Names> {
         self.aliases.get(&self.networks.parse(key)?)
     }
 
     /// Every alias as its text, with its names.
-    pub fn alias_texts(&self) -> impl Iterator<Item = (String, &Names)> {
+    pub fn alias_texts(&self) -> impl Iterator<Item = (String, Names)> {
         self.aliases
             .iter()
             .map(|(alias, names)| (self.networks.text(alias), names))

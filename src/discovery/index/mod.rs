@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use foldhash::{HashMap, HashMapExt, HashSet};
 
-use crate::discovery::alias::{Alias, Networks};
+use crate::discovery::alias::{Aliases, Networks};
 use crate::discovery::authorization::{PolicyStatus, REVISION_LABEL};
 use crate::discovery::links::workload_links;
 use crate::discovery::model::{Event, Kind, Object, ObjectRef};
@@ -125,7 +125,7 @@ pub struct Index {
     store: Store,
     addresses: ResourceMap,
     authorizations: ResourceMap,
-    aliases: PersistentMap<Alias, Names>,
+    aliases: Aliases,
     /// The networks the alias keys refer to.
     networks: Networks,
     members: PersistentMap<Name, Names>,
@@ -161,7 +161,7 @@ impl Index {
             settings,
             addresses: ResourceMap::default(),
             authorizations: ResourceMap::default(),
-            aliases: PersistentMap::default(),
+            aliases: Aliases::default(),
             networks: Networks::default(),
             members: PersistentMap::default(),
             by_node: PersistentMap::default(),
@@ -554,7 +554,7 @@ impl Index {
                 self.service_count -= usize::from(old.is_service());
                 let value = old.value();
                 for alias in aliases_in(&value, &mut self.networks) {
-                    remove_name(&mut self.aliases, &alias, &key);
+                    self.aliases.remove(&alias, &key);
                 }
                 let links = workload_links(&value);
                 for svc in links.services {
@@ -587,7 +587,7 @@ impl Index {
                 };
                 aliases_kept = old.alias_count == new.alias_count
                     && new.alias_count < Resource::MANY
-                    && aliases.iter().all(|a| holds(self.aliases.get(a)));
+                    && aliases.iter().all(|a| self.aliases.holds(a, key));
                 links_kept = old.member_counts() == new.member_counts()
                     && links.services.len() < usize::from(u16::MAX)
                     && links.services.iter().all(|s| holds(self.members.get(*s)))
@@ -597,7 +597,7 @@ impl Index {
                     if !aliases_kept {
                         for alias in aliases_in(&old_value, &mut self.networks) {
                             if !aliases.contains(&alias) {
-                                remove_name(&mut self.aliases, &alias, key);
+                                self.aliases.remove(&alias, key);
                             }
                         }
                     }
@@ -622,7 +622,7 @@ impl Index {
         // An entry the name already has is left as it is.
         if !aliases_kept {
             for alias in &aliases {
-                add_name(&mut self.aliases, alias, Alias::clone, &key);
+                self.aliases.add(alias, &key);
             }
         }
         if !links_kept {
