@@ -413,7 +413,7 @@ fn a_new_visibility_at_runtime_re_emits_only_what_differs() {
         changes
             .statuses
             .iter()
-            .any(|t| t.kind == StatusKind::ServiceEntryVisibility && t.namespace == PRIVATE)
+            .any(|t| t.kind == StatusKind::ServiceEntryVisibility && &*t.namespace == PRIVATE)
     );
 }
 

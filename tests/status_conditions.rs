@@ -332,7 +332,7 @@ fn ztunnel_accepted_on_policies() {
     );
     assert_eq!(
         snapshot.policy_status.get(&format!("{NS}/p")),
-        Some(desired)
+        Some(&**desired)
     );
     index.apply(Object::AuthorizationPolicy(policy(vec![])));
     let fixed = condition(&mut index, &object).unwrap();

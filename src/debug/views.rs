@@ -336,7 +336,7 @@ pub async fn ambientz(
             .statuses
             .iter()
             .filter(|(target, _)| kinds.contains(&target.kind))
-            .filter_map(|(target, desired)| Some((target, desired.condition.as_ref()?)))
+            .filter_map(|(target, desired)| Some((target, &**desired.condition.as_ref()?)))
             .collect();
         held.sort_by(|a, b| a.0.cmp(b.0));
         held.into_iter()

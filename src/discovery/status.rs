@@ -90,16 +90,16 @@ impl StatusKind {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StatusTarget {
     pub kind: StatusKind,
-    pub namespace: String,
-    pub name: String,
+    pub namespace: Box<str>,
+    pub name: Box<str>,
 }
 
 impl StatusTarget {
     pub fn new(kind: StatusKind, key: &Key) -> Self {
         StatusTarget {
             kind,
-            namespace: key.0.clone(),
-            name: key.1.clone(),
+            namespace: key.0.as_str().into(),
+            name: key.1.as_str().into(),
         }
     }
 }
@@ -116,7 +116,8 @@ impl std::fmt::Display for StatusTarget {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DesiredStatus {
     pub generation: i64,
-    pub condition: Option<StatusCondition>,
+    /// Boxed: most objects want none, and the snapshot holds one of these per object.
+    pub condition: Option<Box<StatusCondition>>,
 }
 
 /// `istio.io/WaypointBound` of a Service or ServiceEntry with these labels: true naming the

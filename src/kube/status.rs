@@ -267,8 +267,8 @@ impl Writer {
                     if let Some(found) = conditions::find(list, kind.condition_type()) {
                         let target = StatusTarget {
                             kind,
-                            namespace: object.metadata.namespace.clone().unwrap_or_default(),
-                            name: object.metadata.name.clone().unwrap_or_default(),
+                            namespace: object.metadata.namespace.clone().unwrap_or_default().into(),
+                            name: object.metadata.name.clone().unwrap_or_default().into(),
                         };
                         observed.insert(target, found);
                     }

@@ -199,10 +199,10 @@ impl Run {
             .filter_map(|&kind| {
                 let object = StatusTarget {
                     kind,
-                    namespace: namespace.to_string(),
-                    name: name.to_string(),
+                    namespace: namespace.into(),
+                    name: name.into(),
                 };
-                snapshot.statuses.get(&object)?.condition.as_ref()
+                snapshot.statuses.get(&object)?.condition.as_deref()
             })
             .collect();
         for (condition, expected) in conditions {

@@ -33,7 +33,8 @@ impl Index {
                     &self.store,
                     p,
                     reads,
-                ),
+                )
+                .map(Box::new),
             }),
         );
         let (authorization, desired) = match converted {
@@ -41,7 +42,7 @@ impl Index {
                 c.authorization,
                 Some(DesiredStatus {
                     generation: self.store.policies.get(k).map_or(0, |p| p.generation),
-                    condition: c.status,
+                    condition: c.status.map(Box::new),
                 }),
             ),
             None => (None, None),
@@ -71,7 +72,7 @@ impl Index {
         let desired = |generation: i64, condition: Option<status::StatusCondition>| {
             Some(DesiredStatus {
                 generation,
-                condition,
+                condition: condition.map(Box::new),
             })
         };
         vec![match target {

@@ -450,7 +450,7 @@ impl Index {
             let name = format!("{}/{}", object.namespace, object.name);
             match desired.as_ref().and_then(|d| d.condition.as_ref()) {
                 Some(c) if self.policy_status.get(&name) != Some(c) => {
-                    self.policy_status.insert(name, c.clone());
+                    self.policy_status.insert(name, (**c).clone());
                 }
                 None if self.policy_status.contains_key(&name) => {
                     self.policy_status.remove(&name);

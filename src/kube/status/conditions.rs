@@ -157,12 +157,12 @@ mod tests {
     fn desired(status: bool, reason: &str, generation: i64) -> DesiredStatus {
         DesiredStatus {
             generation,
-            condition: Some(StatusCondition {
+            condition: Some(Box::new(StatusCondition {
                 condition_type: WAYPOINT_BOUND,
                 status,
                 reason: reason.into(),
                 message: format!("m-{reason}"),
-            }),
+            })),
         }
     }
 
