@@ -102,7 +102,7 @@ pub fn build(
 /// `ShouldV2AutoAllocateIP` decides (with `PILOT_ENABLE_IP_AUTOALLOCATE` on): no
 /// `spec.addresses`, a resolution other than NONE, and no opt-out label
 /// `networking.istio.io/enable-autoallocate-ip: "false"`. The allocator
-/// (`kube::ip_allocate`) assigns them by the same rule.
+/// (src/kube/ip_allocate.rs) assigns them by the same rule.
 pub fn auto_allocates(se: &ServiceEntry) -> bool {
     se.addresses.is_empty()
         && se.resolution != Resolution::None
