@@ -1,5 +1,5 @@
-//! Conformance with istiod: the cases of `tests/fixtures/conformance.yaml` (a verbatim copy of
-//! `shared/conformance/cases.yaml`, whose header documents the format), each run through the
+//! Conformance with istiod: the cases of `tests/fixtures/conformance.yaml` (whose header
+//! documents the format), each run through the
 //! public API: `kube::objects::decode` -> `discovery::Index` -> `Snapshot`, then every
 //! expectation checked against the decoded resources.
 //!

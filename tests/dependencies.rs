@@ -1,5 +1,6 @@
 //! One test per dependency edge of the index: a single change must re-emit exactly the
-//! resources that read the changed object (design.md "Index", conversion.md §1.1–§1.5, §1.9),
+//! resources that read the changed object (ARCHITECTURE.md, "Data flow"; docs/conversion.md,
+//! "Dependencies"),
 //! and nothing else. Each test builds a small mesh with bystanders, applies one change and
 //! asserts the exact `Changes`; [`World::expect`] also checks that those changes are exactly
 //! the snapshot diff and that the result equals an index built cold from the final objects.
@@ -205,7 +206,7 @@ fn namespace_traffic_distribution_re_emits_its_services_without_their_own_settin
     let mut annotated = ns(NS);
     annotated.annotations = labels(&[(TRAFFIC_DISTRIBUTION, "PreferClose")]);
     let changes = world.apply(Object::Namespace(annotated));
-    // The DNS ServiceEntry is a Service too and reads the namespace annotation (§1.4);
+    // The DNS ServiceEntry is a Service too and reads the namespace annotation;
     // NONE resolution is always PASSTHROUGH.
     world.expect(
         &changes,
@@ -672,7 +673,7 @@ fn endpoint_slice_target_ref_adds_its_service_to_exactly_that_pod() {
     let mut ext = slice(NS, "ext-1", "ext");
     ext.endpoints = vec![
         slice_pod("10.0.0.1", NS, "p", "u-p"),
-        // Wrong uid: not that pod (§1.3 compares kind, namespace, name and uid).
+        // Wrong uid: not that pod (a targetRef must match kind, namespace, name and uid).
         slice_pod("10.0.0.2", NS, "q", "u-stale"),
         // An IP without a targetRef is its own workload, and never attaches pod r.
         slice_ip("10.0.0.3"),
@@ -781,7 +782,7 @@ fn updates_to_fields_the_index_does_not_read_emit_nothing() {
         NODE,
         &[(ZONE, "z1"), ("kubernetes.io/os", "linux")],
     )));
-    // Namespace: istiod never reads istio.io/dataplane-mode when building WDS (§1.1).
+    // Namespace: istiod never reads istio.io/dataplane-mode when building WDS.
     unread.push(Object::Namespace(ns_with(
         NS,
         &[("istio.io/dataplane-mode", "ambient")],

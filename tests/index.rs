@@ -1,6 +1,6 @@
 //! Table tests of the pure conversion core for Pods: reduced Kubernetes objects in, decoded
-//! `istio.workload.Workload` resources out (conversion.md §0 network, §1.1). Services and the
-//! services map are in `index_services.rs`; change tracking in `index_changes.rs`.
+//! `istio.workload.Workload` resources out (docs/conversion.md, "Pod → Workload" and "Network").
+//! Services and the services map are in `index_services.rs`; change tracking in `index_changes.rs`.
 
 mod index_support;
 
@@ -13,7 +13,7 @@ use index_support::*;
 type Pairs = &'static [(&'static str, &'static str)];
 
 // ---------------------------------------------------------------------------------------------
-// §1.1 Pod -> Workload
+// Pod -> Workload
 // ---------------------------------------------------------------------------------------------
 
 #[test]
@@ -419,7 +419,7 @@ fn pod_becoming_terminal_is_removed() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// §0 Network
+// Network
 // ---------------------------------------------------------------------------------------------
 
 #[test]

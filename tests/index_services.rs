@@ -1,5 +1,6 @@
 //! Table tests of the pure conversion core for Services: Kubernetes Service -> decoded
-//! `istio.workload.Service` (conversion.md §1.2) and each Workload's services map (§1.3).
+//! `istio.workload.Service` (docs/conversion.md, "Service → Service") and each Workload's
+//! services map ("Pod → Workload").
 
 mod index_support;
 
@@ -14,7 +15,7 @@ use ambientd::pb::workload::{
 use index_support::*;
 
 // ---------------------------------------------------------------------------------------------
-// §1.2 Service -> Service
+// Service -> Service
 // ---------------------------------------------------------------------------------------------
 
 #[test]
@@ -365,7 +366,7 @@ fn load_balancing_from_traffic_policy_and_distribution() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// §1.3 Workload.services map
+// Workload.services map
 // ---------------------------------------------------------------------------------------------
 
 fn port(service_port: u32, target_port: u32) -> Port {

@@ -1,4 +1,4 @@
-//! Property tests of the index (design.md house style 2: "a relist is the truth"): whatever
+//! Property tests of the index (a relist is the truth: ARCHITECTURE.md, "Data flow"): whatever
 //! sequence of events led here, the incremental index equals one built cold from the objects
 //! that exist, every step reports exactly what it changed, and a relist converges whatever
 //! events were missed.

@@ -1,4 +1,4 @@
-//! istiod's implicit waypoint policy (`PILOT_AUTO_ALLOW_WAYPOINT_POLICY`, conversion.md §1.8):
+//! istiod's implicit waypoint policy (`PILOT_AUTO_ALLOW_WAYPOINT_POLICY`; docs/authorization.md):
 //! the Authorization each waypoint with instances gets, which workloads list it, and that it
 //! follows its instances and bindings incrementally.
 

@@ -192,8 +192,8 @@ pub(crate) fn addresses_of(value: &[u8]) -> Vec<(String, IpAddr)> {
     }
 }
 
-// The fields `addresses_of` reads, by their numbers in spec/wire.md (`Address`, `Workload`,
-// `Service`, `NetworkAddress`).
+// The fields `addresses_of` reads, by their numbers in proto/workload.proto (`Address`,
+// `Workload`, `Service`, `NetworkAddress`).
 
 #[derive(Clone, PartialEq, prost::Message)]
 struct AddressIps {

@@ -1,4 +1,5 @@
-//! EndpointSlice endpoints without a Pod targetRef -> opaque Workloads (conversion.md §1.5).
+//! EndpointSlice endpoints without a Pod targetRef -> opaque Workloads (docs/conversion.md,
+//! "EndpointSlice → Workloads").
 //! Pod endpoints are covered by the Pod itself.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,7 +16,7 @@ pub fn slice_uid(cluster_id: &str, namespace: &str, slice: &str, address: &str) 
 }
 
 /// The workloads of a slice labelled for an existing Service, by uid. An ExternalName Service
-/// publishes no Service (§1.2), so istiod finds none for its slices and builds nothing.
+/// publishes no Service, so istiod finds none for its slices and builds nothing.
 pub fn build(
     settings: &Settings,
     store: &Store,

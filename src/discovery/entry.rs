@@ -1,4 +1,5 @@
-//! WorkloadEntry and ServiceEntry endpoints -> Workloads (conversion.md §1.4, §1.5).
+//! WorkloadEntry and ServiceEntry endpoints -> Workloads (docs/conversion.md, "ServiceEntry →
+//! Services and Workloads" and "WorkloadEntry → Workload").
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

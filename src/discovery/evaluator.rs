@@ -1,4 +1,4 @@
-//! ztunnel's L4 authorization decision (ztunnel.md §4.3; ztunnel `rbac.rs`), run over the
+//! ztunnel's L4 authorization decision (istio/ztunnel `src/rbac.rs`), run over the
 //! `istio.security.Authorization` protos ambientd sends.
 //!
 //! Nothing here is on the serving path: it lets tests (and the debug endpoint, later) answer

@@ -5,7 +5,7 @@
 //! A resource used to carry these as a slice of shared names (a block per workload, plus 16
 //! bytes in the resource). They are in the value anyway, and the index reads them only when a
 //! workload changes (and then only if they may have changed: see `Index::set_address`) or for
-//! a node-scoped proxy's initial state. Field numbers are those of spec/wire.md.
+//! a node-scoped proxy's initial state. Field numbers are those of proto/workload.proto.
 
 use prost::Message;
 use prost::encoding::{WireType, decode_key, decode_varint};

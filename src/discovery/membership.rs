@@ -1,5 +1,5 @@
-//! The `Workload.services` map (conversion.md §1.3): which services a workload belongs to, and
-//! the target ports each resolves to for that workload.
+//! The `Workload.services` map (docs/conversion.md, "Pod → Workload"): which services a workload
+//! belongs to, and the target ports each resolves to for that workload.
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -1,4 +1,5 @@
-//! Network gateways (conversion.md §1.10): how workloads on another network are reached.
+//! Network gateways (docs/conversion.md, "East-west (network) gateways"): how workloads on
+//! another network are reached.
 //!
 //! A Gateway of class `istio-remote` labelled `topology.istio.io/network: <net>` describes the
 //! east-west gateway of network `<net>`: each of its status addresses (IP or hostname) with its

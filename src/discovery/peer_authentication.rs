@@ -1,4 +1,5 @@
-//! PeerAuthentication -> Authorizations and per-workload references, per conversion.md §1.7.
+//! PeerAuthentication -> Authorizations and per-workload references, per docs/authorization.md,
+//! "PeerAuthentication".
 //!
 //! ztunnel has no notion of mTLS modes: istiod expresses STRICT as DENY policies on
 //! unauthenticated peers. Three outputs:

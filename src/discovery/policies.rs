@@ -1,6 +1,6 @@
 //! Authorization glue between the store and the pure conversions in [`authorization`] and
 //! [`peer_authentication`]: the Authorization resources of stored policies, and the policy
-//! names each workload lists (conversion.md §1.6, §1.7).
+//! names each workload lists (docs/authorization.md).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -83,7 +83,7 @@ pub fn implicit_waypoint_policy_name(waypoint: &Key) -> String {
     format!("istio_allow_waypoint_{}_{}", waypoint.0, waypoint.1)
 }
 
-/// istiod's implicit waypoint policy (`PILOT_AUTO_ALLOW_WAYPOINT_POLICY`, conversion.md §1.8):
+/// istiod's implicit waypoint policy (`PILOT_AUTO_ALLOW_WAYPOINT_POLICY`; docs/authorization.md):
 /// for a ready waypoint with instance pods, an ALLOW policy in its namespace for the
 /// identities those pods run as, which the workloads behind the waypoint list. Without it, an
 /// ALLOW policy on a workload must name the waypoint itself, or traffic through it is denied.

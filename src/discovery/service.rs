@@ -1,4 +1,5 @@
-//! Kubernetes Service -> `istio.workload.Service`, per conversion.md §1.2, and the pieces
+//! Kubernetes Service -> `istio.workload.Service`, per docs/conversion.md, "Service → Service",
+//! and the pieces
 //! ServiceEntries share with it (traffic distribution, waypoints).
 
 use crate::discovery::index::Settings;
@@ -182,7 +183,8 @@ fn ip_families(families: &[IpFamily]) -> IpFamilies {
     }
 }
 
-/// A service's waypoint, its weighted canary split, and `ingress_use_waypoint` (§1.2, §1.9).
+/// A service's waypoint, its weighted canary split, and `ingress_use_waypoint` (docs/conversion.md,
+/// "Service → Service" and "Waypoints").
 ///
 /// The canary (`istio.io/use-waypoint-canary[-namespace]` on the Service or its Namespace, with
 /// the weight annotation 0..=100, absent = 0) is used only when the primary resolved, the canary

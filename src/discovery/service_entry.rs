@@ -1,4 +1,5 @@
-//! ServiceEntry -> Services, one per host (conversion.md §1.4).
+//! ServiceEntry -> Services, one per host (docs/conversion.md, "ServiceEntry → Services and
+//! Workloads").
 
 use std::net::IpAddr;
 

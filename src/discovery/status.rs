@@ -1,6 +1,6 @@
-//! Status conditions ambientd writes on the objects it reads, as istiod does (conversion.md
-//! §1.6 and §1.9): `ZtunnelAccepted` on AuthorizationPolicies, `istio.io/WaypointBound` on
-//! Services, ServiceEntries and WorkloadEntries.
+//! Status conditions ambientd writes on the objects it reads, as istiod does (docs/authorization.md
+//! and docs/conversion.md, "Status: `istio.io/WaypointBound`"): `ZtunnelAccepted` on
+//! AuthorizationPolicies, `istio.io/WaypointBound` on Services, ServiceEntries and WorkloadEntries.
 //!
 //! This module only says *what* each object's condition should be. The index keeps the result
 //! per object in its snapshot ([`crate::discovery::Snapshot::statuses`]), recomputed with the

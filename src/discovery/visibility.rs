@@ -1,6 +1,6 @@
-//! ServiceEntry visibility (`meshConfig.serviceEntryVisibility`, Istio 1.31; conversion.md
-//! §1.4): which namespaces may see the Services a ServiceEntry publishes, decided by the mesh
-//! administrator from the labels of the entry's namespace.
+//! ServiceEntry visibility (`meshConfig.serviceEntryVisibility`, Istio 1.31; docs/conversion.md,
+//! "ServiceEntry visibility"): which namespaces may see the Services a ServiceEntry publishes,
+//! decided by the mesh administrator from the labels of the entry's namespace.
 //!
 //! Inert unless configured. When it is, each ServiceEntry resolves to one visibility: the first
 //! policy whose matching rules all match the namespace's labels, else the default.

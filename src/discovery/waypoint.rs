@@ -1,5 +1,5 @@
-//! Waypoints (conversion.md §1.9): which Gateways are ready waypoints, and which waypoint an
-//! object is bound to through `istio.io/use-waypoint` on itself or its namespace.
+//! Waypoints (docs/conversion.md, "Waypoints"): which Gateways are ready waypoints, and which
+//! waypoint an object is bound to through `istio.io/use-waypoint` on itself or its namespace.
 
 use std::net::IpAddr;
 
@@ -182,11 +182,10 @@ fn go_parse_u32(text: &str) -> u32 {
         .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
 }
 
-/// The waypoint an object uses, per §1.9: its own `istio.io/use-waypoint` label (`none` opts
-/// out), else its namespace's. A name that is not a ready waypoint, a waypoint that does not
-/// admit the object's namespace, or one of the wrong traffic type gives no waypoint: there is
-/// no fallback. Every waypoint consulted is pushed to `reads`, so a change to it re-evaluates
-/// this object.
+/// The waypoint an object uses: its own `istio.io/use-waypoint` label (`none` opts out), else its
+/// namespace's. A name that is not a ready waypoint, a waypoint that does not admit the object's
+/// namespace, or one of the wrong traffic type gives no waypoint: there is no fallback. Every
+/// waypoint consulted is pushed to `reads`, so a change to it re-evaluates this object.
 pub fn resolve(
     store: &Store,
     namespace: &str,

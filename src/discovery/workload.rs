@@ -1,4 +1,5 @@
-//! Pod -> `istio.workload.Workload`, per conversion.md §1.1 and the services map of §1.3.
+//! Pod -> `istio.workload.Workload`, its services map included, per docs/conversion.md, "Pod →
+//! Workload".
 
 use crate::discovery::index::Settings;
 use crate::discovery::membership::{self, Member};

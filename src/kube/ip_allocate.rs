@@ -1,9 +1,10 @@
 //! The IP auto-allocator: istiod's `ipallocate` controller (`PILOT_ENABLE_IP_AUTOALLOCATE`).
 //! A ServiceEntry without `spec.addresses` gets one address per host from each of two ranges
 //! (240.240.0.0/16 and 2001:2::/48 unless configured), written to `status.addresses` as
-//! `{host, value}`; the conversion gives its Services those addresses (conversion.md §1.4),
-//! and ztunnel's DNS proxy answers the host with them. Without it such a ServiceEntry has no
-//! VIP in the mesh. What is allocated, and how conflicts are settled, is [`plan`]'s.
+//! `{host, value}`; the conversion gives its Services those addresses (docs/conversion.md,
+//! "ServiceEntry → Services and Workloads"), and ztunnel's DNS proxy answers the host with them.
+//! Without it such a ServiceEntry has no VIP in the mesh. What is allocated, and how conflicts
+//! are settled, is [`plan`]'s.
 //!
 //! * **Leader only.** It watches ServiceEntries and Namespaces itself, and plans nothing until
 //!   both have listed and this replica leads. A new leader first records every address in use

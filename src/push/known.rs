@@ -17,9 +17,9 @@ use crate::pb::xds::{DeltaDiscoveryRequest, Node, Status};
 /// A request as a connection receives it: the message, without its known versions, and those.
 pub type Received = (DeltaDiscoveryRequest, KnownVersions);
 
-/// `DeltaDiscoveryRequest` as the server decodes it (spec/wire.md; the same field numbers):
-/// `initial_resource_versions` (a `map<string, string>`, on the wire a repeated message of
-/// key = 1 and value = 2) stays as its encoded entries.
+/// `DeltaDiscoveryRequest` as the server decodes it (proto/discovery.proto; the same field
+/// numbers): `initial_resource_versions` (a `map<string, string>`, on the wire a repeated message
+/// of key = 1 and value = 2) stays as its encoded entries.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct RawRequest {
     #[prost(message, optional, tag = "1")]

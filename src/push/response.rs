@@ -9,12 +9,12 @@
 //! would encode for the same message (tested below), so every decoder reads them as usual.
 //!
 //! What is left out, against istiod: `system_version_info` and each resource's `aliases`.
-//! ztunnel reads neither (spec/xds.md §1: it ignores `system_version_info`, and builds its IP
-//! index from the message contents, never from aliases), and together they were about 20 B of
-//! every ~420 B single-workload response to every proxy (BENCHMARKS.md, T5). Aliases still
-//! serve on-demand `network/ip` lookups inside ambientd (read from the values:
-//! [`crate::discovery::alias`]). The nonce is
-//! the connection's response counter in hex: ztunnel only echoes it.
+//! ztunnel reads neither (istio/ztunnel `src/xds/client.rs`: it ignores `system_version_info`,
+//! and builds its IP index from the message contents, never from aliases), and together they
+//! would add about 20 B to every ~420 B single-workload response to every proxy (BENCHMARKS.md,
+//! T5). Aliases still serve on-demand `network/ip` lookups inside ambientd (read from the
+//! values: [`crate::discovery::alias`]). The nonce is the connection's response counter in hex:
+//! ztunnel only echoes it.
 
 use std::sync::Arc;
 
@@ -23,7 +23,7 @@ use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, k
 
 use crate::discovery::Resource;
 
-// Field numbers (spec/wire.md).
+// Field numbers (proto/discovery.proto).
 const RESPONSE_RESOURCES: u32 = 2;
 const RESPONSE_TYPE_URL: u32 = 4;
 const RESPONSE_NONCE: u32 = 5;

@@ -32,11 +32,11 @@ use crate::push::registry::Registry;
 use crate::push::connection::Connection;
 pub use crate::push::connection::ProxyInfo;
 
-/// ztunnel's maximum decoding message size (spec: 200 MiB). A response whose resources exceed
-/// half of it is split in several, so that framing and a growing state never reach the limit.
-/// ztunnel counts itself ready at the first ACK of each type, so a split initial response
-/// briefly makes it ready on part of the state; at ~400 B per workload this takes some 250,000
-/// workloads, so in practice it does not happen.
+/// ztunnel's maximum decoding message size (200 MiB: istio/ztunnel `src/xds/client.rs`). A response
+/// whose resources exceed half of it is split in several, so that framing and a growing state never
+/// reach the limit. ztunnel counts itself ready at the first ACK of each type, so a split initial
+/// response briefly makes it ready on part of the state; at ~400 B per workload this takes some
+/// 250,000 workloads, so in practice it does not happen.
 pub const MAX_RESPONSE_BYTES: usize = 100 * 1024 * 1024;
 
 pub use crate::push::listener::{KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, grpc_server, listen};

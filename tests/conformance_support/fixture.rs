@@ -1,6 +1,6 @@
-//! The conformance fixture (`tests/fixtures/conformance.yaml`, a verbatim copy of
-//! `shared/conformance/cases.yaml`) as typed cases. The file's header documents the format;
-//! unknown keys are rejected here so that a format change cannot be silently ignored.
+//! The conformance fixture (`tests/fixtures/conformance.yaml`) as typed cases. The file's header
+//! documents the format; unknown keys are rejected here so that a format change cannot be silently
+//! ignored.
 
 use std::collections::BTreeMap;
 
@@ -8,7 +8,7 @@ use ambientd::discovery::Settings;
 use serde::Deserialize;
 use serde_json::Value;
 
-/// The fixture text, compiled in: the tests never read `../shared` (or anything else) at run time.
+/// The fixture text, compiled in: the tests read no file at run time.
 pub const FIXTURE: &str = include_str!("../fixtures/conformance.yaml");
 
 /// ambientd's own cases in the same format (`tests/fixtures/derived.yaml`): behaviour the

@@ -1,4 +1,4 @@
-//! The authz-* cases of conformance/cases.yaml, re-expressed in Rust.
+//! The authz-* cases of tests/fixtures/conformance.yaml, re-expressed in Rust.
 
 use super::test_support::*;
 

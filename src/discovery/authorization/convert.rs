@@ -101,7 +101,7 @@ pub fn convert_policy(policy: &AuthorizationPolicy, root_namespace: &str) -> Con
     )
 }
 
-/// Converts one policy per conversion.md §1.6: the Authorization ztunnel enforces (if any)
+/// Converts one policy per docs/authorization.md: the Authorization ztunnel enforces (if any)
 /// and the `ZtunnelAccepted` condition.
 pub fn convert_policy_with(
     policy: &AuthorizationPolicy,

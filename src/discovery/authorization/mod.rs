@@ -1,4 +1,4 @@
-//! AuthorizationPolicy -> `istio.security.Authorization`, per conversion.md §1.6.
+//! AuthorizationPolicy -> `istio.security.Authorization`, per docs/authorization.md.
 //!
 //! [`AuthorizationPolicy`] is the reduced object: every field of the Istio API that the L4
 //! conversion reads, mirrored one to one (a `from[i].source` is a [`Source`], a

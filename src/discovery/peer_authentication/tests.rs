@@ -1,5 +1,5 @@
-//! PeerAuthentication tables: the peerauthn-* conformance cases, every port-level combination of
-//! conversion.md §1.7, and each istiod quirk by name.
+//! PeerAuthentication tables: the peerauthn-* conformance cases, every port-level combination
+//! (docs/authorization.md, "PeerAuthentication"), and each istiod quirk by name.
 
 use super::*;
 
@@ -314,7 +314,7 @@ fn conformance_peerauthn_convert_matrix() {
     assert_eq!(refs("other", &app_a(), &all), [STATIC]);
 }
 
-/// Every workload mode x port mode x inherited (ns, root) combination of §1.7, against the
+/// Every workload mode x port mode x inherited (ns, root) combination, against the
 /// rules written out independently.
 #[test]
 fn port_level_combinations() {
