@@ -1,4 +1,4 @@
-//! Index micro-benchmarks (issue: conversion fidelity):
+//! Index micro-benchmarks (targets in BENCHMARKS.md):
 //! - `pod_update/N`: one pod update applied to an index holding N pods (and N/10 services),
 //!   through to encoded bytes and a published snapshot. Target: < 20 µs, flat across sizes.
 //! - `cold_build/100000`: 100k pods and 10k services from reduced objects to an encoded

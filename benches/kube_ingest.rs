@@ -1,4 +1,4 @@
-//! Kubernetes ingest benchmark (issue: Kubernetes source): 100k Pod objects as raw API-server
+//! Kubernetes ingest benchmark (targets in BENCHMARKS.md): 100k Pod objects as raw API-server
 //! JSON, through kube-rs's watcher, our reduction and the index, to a published snapshot.
 //!
 //! Two paths, each from a fresh process state:
@@ -7,9 +7,10 @@
 //! - `watch`: ambientd starts on an empty cluster; the pods arrive as 100k `ADDED` watch
 //!   events (a backlog staged in the fake, then released) until the snapshot holds them all.
 //!
-//! The API server is the in-process fake from tests/kube_support, over real HTTP on
-//! 127.0.0.1; it serves pre-serialised bytes, so its own cost is small but not zero (it shares
-//! the machine). Reports pods/s and memory per pod (RSS growth / pods).
+//! The API server is the fake from tests/kube_support, run in a child process (so the RSS is
+//! ambientd's alone) over real HTTP on 127.0.0.1; it serves pre-serialised bytes, so its own cost
+//! is small but not zero (it shares the machine). Reports pods/s and memory per pod (RSS growth /
+//! pods).
 //!
 //! Run: `cargo bench --bench kube_ingest` (`-- --pods 100000 --mode list|watch|both|decode`,
 //! `--debounce-ms N` to debounce the index's publications as `--debounce-after` does).

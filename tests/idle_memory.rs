@@ -1,4 +1,4 @@
-//! An idle xDS connection holds no HTTP/2 codec buffers (issue "push engine", T7: at most
+//! An idle xDS connection holds no HTTP/2 codec buffers (benchmark T7's target: at most
 //! 16 KiB of server memory per idle stream). Stock h2 allocates a 16 KiB write buffer, an
 //! 8 KiB read buffer and a 4 KiB HPACK scratch buffer per connection and keeps them for the
 //! connection's life; `vendor/h2` allocates them when there is something to write or read and

@@ -1,4 +1,4 @@
-//! Scale harness (issue 7, "The benchmark"): a synthetic cluster of N pods, M services,
+//! Scale harness (targets in BENCHMARKS.md): a synthetic cluster of N pods, M services,
 //! P AuthorizationPolicies and K nodes, as the Kubernetes JSON an API server sends, driven
 //! through the real decoders (`ambientd::kube::objects::decode`) into an `Index`, and served by
 //! the real `AdsServer` over loopback to real delta ADS gRPC clients.

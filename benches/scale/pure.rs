@@ -7,7 +7,7 @@ use super::*;
 
 pub(super) fn t1(o: &Opts) {
     let spec = Spec::new(if o.quick { 10_000 } else { 100_000 });
-    // The issue fixes T1 at 10k services and 1k policies for 100k pods; Spec::new gives that.
+    // T1's target is for 10k services and 1k policies with 100k pods; Spec::new gives that.
     eprintln!("T1: generating {}", spec.label());
     let docs = cluster_json(&spec);
     let bytes: usize = docs.iter().map(|(_, d)| d.len()).sum();

@@ -126,8 +126,8 @@ async fn sustained(
     let stdout = child.stdout.take().expect("stdout");
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<usize>();
     // Arrivals are folded as they come (`Convergence`): keeping each one (1,000 streams × 10
-    // probes a second) grew this process's RSS by ~0.35 MB/s, which is where the "growth" of
-    // the first T8 figures came from.
+    // probes a second, 32 B each) would grow this process's RSS, which T8 reports as the
+    // server's, by about 0.3 MB/s.
     let reader = std::thread::spawn(move || {
         let mut convergence = Convergence::default();
         let mut responses = 0usize;
@@ -368,8 +368,9 @@ fn epoch_micros() -> u128 {
 /// connection, as the tonic clients had) speaking delta ADS over gRPC framing: the same
 /// requests, one ACK per response. Each response is read only as far as an ACK needs (its
 /// type URL and nonce) and each resource's name; only the probe pod's payload is decoded.
-/// Until session 10 they were tonic clients that decoded every response in full, which took
-/// 42 % of the two cores the server also runs on (`SCALE_T8_CLIENTS=tonic` runs them still).
+/// tonic clients (`SCALE_T8_CLIENTS=tonic`) decode every response in full, which on a 2-core
+/// machine takes much of the CPU the server also needs, so that T8 measures the clients as much
+/// as the server.
 pub(super) fn t8_clients_process(address: &str, count: usize, probe_uid: &str) {
     let rt = runtime();
     let address: std::net::SocketAddr = address.parse().expect("address");

@@ -1,8 +1,8 @@
 //! [`Alias`]: the snapshot's `network/ip` lookup keys, held as numbers, not text.
 //!
 //! Every address of every workload and service is an alias (`/10.0.0.5` on the default
-//! network), so at 100k pods the keys were 100k strings: a 32-byte block each, plus a link in
-//! each resource to find them again. An `Alias` is the network's index in a small table and
+//! network), so at 100k pods text keys would be 100k strings: a 32-byte block each, plus a
+//! link in each resource to find them again. An `Alias` is the network's index in a small table and
 //! the IP, inline in the map's slot; a resource's aliases are read back from its encoded value
 //! when it changes ([`addresses_of`]), so it keeps no copy.
 //!

@@ -2,10 +2,10 @@
 //! encoded value: a workload's node and the services in its services map, and the waypoint a
 //! workload or service uses.
 //!
-//! A resource used to carry these as a slice of shared names (a block per workload, plus 16
-//! bytes in the resource). They are in the value anyway, and the index reads them only when a
-//! workload changes (and then only if they may have changed: see `Index::set_address`) or for
-//! a node-scoped proxy's initial state. Field numbers are those of proto/workload.proto.
+//! A resource does not also carry these as a slice of shared names, which would cost a block per
+//! workload and 16 bytes in the resource: they are in the value anyway, and the index reads them
+//! only when a workload changes (and then only if they may have changed: see `Index::set_address`)
+//! or for a node-scoped proxy's initial state. Field numbers are those of proto/workload.proto.
 
 use prost::Message;
 use prost::encoding::{WireType, decode_key, decode_varint};

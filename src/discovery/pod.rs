@@ -1,12 +1,13 @@
 //! [`Pod`]: the reduced Kubernetes Pod, packed.
 //!
-//! 100k stored pods make every allocation per pod count. A pod with one `Box<str>` per field,
-//! boxed owner and port lists took about 19 small blocks (440 B, each rounded up to a size
-//! class, plus 16 B inline per string). A [`Pod`] keeps its strings in one `Box<str>` and its
-//! offsets, ports, IPs and (a UUID's 16 bytes) uid in one `Box<[u32]>`; its labels stay a
-//! [`Labels`] (the index's hot path reads them as `&Labels`). Strings most pods share (phases,
-//! the default service account, controller kinds, the kept annotation) are one byte of text.
-//! Sources and tests fill in a [`PodFields`] (plain owned fields) and pack it with `Pod::from`.
+//! 100k stored pods make every allocation per pod count. A pod with one `Box<str>` per field, boxed
+//! owner and port lists would take about 19 small blocks (440 B, each rounded up to a size class,
+//! plus 16 B inline per string). A [`Pod`] keeps everything but its labels in one `Box<str>`: its
+//! numbers (offsets, ports, IPs, a UUID uid) as bytes of seven bits, then its strings; its labels
+//! stay a [`Labels`] (the index's hot path reads them as `&Labels`). Strings most pods share
+//! (phases, the default service account, controller kinds, the kept annotation) are one byte of
+//! text. Sources and tests fill in a [`PodFields`] (plain owned fields) and pack it with
+//! `Pod::from`.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -118,7 +119,7 @@ const GENERATE_NAME_IS_PREFIX: u32 = 16;
 const OWNER_NAME_IS_PREFIX: u32 = 32;
 /// The uid is a UUID: [`UUID_BYTES`] bytes of seven bits after the big numbers.
 const UID_UUID: u32 = 64;
-/// A UUID's 128 bits as bytes of seven bits (eight 21-bit big numbers took 24).
+/// A UUID's 128 bits as bytes of seven bits (eight 21-bit big numbers would take 24).
 const UUID_BYTES: usize = 19;
 /// The uid is text, the string after the port names.
 const UID_TEXT: u32 = 128;
@@ -736,7 +737,7 @@ mod tests {
         );
         assert_eq!(pod.to_fields(), fields);
         // Nineteen bytes of seven bits between the big numbers and the text (as 16-bit halves
-        // in big numbers it took 24).
+        // in big numbers it would take 24).
         let bigs = pod.big_len() * BIG;
         assert_eq!(pod.small(TEXT_START) - pod.small(BIG_START) - bigs, 19);
         assert_eq!(pod.big_len(), 1 + 3 + 8 + 2);

@@ -58,7 +58,7 @@ impl std::fmt::Display for Version {
 }
 
 /// A resource name. One allocation shared by the resource, its map key, the alias, member and
-/// node indexes and the change history (a workload's uid was stored five times as `String`s).
+/// node indexes and the change history, where `String`s would store a workload's uid five times.
 /// An `ArcStr` keeps the length in the allocation, so each of those holders is a thin 8-byte
 /// pointer (an `Arc<str>` is 16): about 30 B per pod in a 100k-pod mesh.
 pub type Name = arcstr::ArcStr;
@@ -547,7 +547,7 @@ mod tests {
         assert_eq!(resource.pod_uid(), None);
         assert_eq!(resource.value(), encoded);
 
-        // One per workload: with its `Arc`, 80 bytes (issue 7, T2).
+        // One per workload, so it counts in memory per pod (benchmark T2): with its `Arc`, 80 B.
         assert!(std::mem::size_of::<Resource>() <= 64);
     }
 }

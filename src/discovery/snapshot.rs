@@ -101,12 +101,12 @@ pub type PersistentMap<K, V> = crate::discovery::trie::HashTrie<K, V>;
 
 /// Resource names, sorted and unique, shared between snapshots: the names with one
 /// `network/ip`, and the workloads of one service or node. An address's are nearly always
-/// one, kept inline (a shared slice of one name cost a 32-byte allocation per pod).
+/// one, kept inline (a shared slice of one name would cost a 32-byte allocation per pod).
 ///
 /// Several names are a shared `Vec` rather than a slice: while the index holds the only copy
-/// (a cold build), adding a name grows it in place, where a slice was re-allocated at every
-/// size, and a node's hundred pods left blocks of a hundred sizes behind (T2: 20 B a pod).
-/// A shared one is copied at its exact size.
+/// (a cold build), adding a name grows it in place, where a slice would be re-allocated at
+/// every size and a node's hundred pods would leave freed blocks of a hundred sizes behind,
+/// memory per pod that benchmark T2 counts. A shared one is copied at its exact size.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Names {
     One(Name),
@@ -351,10 +351,10 @@ impl Snapshot {
 
     /// A type's resources as one flat list, built the first time it is asked for and then
     /// shared by every stream on this snapshot. A reconnecting proxy's known versions are
-    /// compared by walking their entries once, each looked up in the list's shared index
-    /// (T6: 1,000 proxies × 100k resources); walking the persistent map's nodes cost about a
-    /// third of that storm, a contiguous list a fraction. About 50 B per resource, only on
-    /// snapshots that saw a reconnect, and freed with the snapshot.
+    /// compared by walking their entries once, each looked up in the list's shared index: when
+    /// 1,000 proxies reconnect to 100k resources at once (benchmark T6), walking the persistent
+    /// map's nodes for each of them costs far more than a contiguous list. About 50 B per
+    /// resource, only on snapshots that saw a reconnect, and freed with the snapshot.
     pub fn flat(&self, kind: TypeKind) -> &FlatList {
         let slot = match kind {
             TypeKind::Address => &self.flat[0],

@@ -11,8 +11,9 @@ pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The server's HTTP/2 receive windows (stream and connection): how much of a request a proxy
 /// may send before the server reads it. A stream waiting for the large-request budget
 /// (`route::REQUEST_BUDGET_BYTES`) holds up to this much of its request in HTTP/2's buffers: at
-/// hyper's default of 1 MiB, 1,000 reconnecting proxies held about 1 GB that way (T6). 256 KiB
-/// still uploads a reconnect's 8 MB request at hundreds of MB/s over an in-cluster round trip.
+/// hyper's default of 1 MiB, 1,000 reconnecting proxies (benchmark T6) would hold about 1 GB.
+/// 256 KiB still uploads a reconnect's 8 MB request at hundreds of MB/s over an in-cluster round
+/// trip.
 pub const RECEIVE_WINDOW: u32 = 256 * 1024;
 
 /// The tonic server settings for a listener that serves xDS (15010, and 15012 with the CA):
@@ -21,8 +22,8 @@ pub const RECEIVE_WINDOW: u32 = 256 * 1024;
 /// `initial_resource_versions`); how fast responses go out is set by the proxy's windows
 /// (ztunnel: hyper's client defaults). None of the HTTP/2 settings tonic or hyper expose
 /// changes what an idle connection holds: windows are counters, 16 KiB frames are HTTP/2's
-/// minimum, and h2's codec buffers (16 KiB write, 8 KiB read, 4 KiB HPACK) are fixed
-/// (BENCHMARKS.md, T7).
+/// minimum, and h2's codec buffers (16 KiB write, 8 KiB read, 4 KiB HPACK) are fixed in stock
+/// h2, which is why ambientd builds with a patched one (vendor/h2/AMBIENTD-PATCH.md).
 pub fn grpc_server() -> tonic::transport::Server {
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
@@ -35,7 +36,7 @@ pub fn grpc_server() -> tonic::transport::Server {
 /// allows (`net.core.somaxconn`, as Go's listeners and so istiod's use), not tokio's 1,024.
 /// After a control-plane restart every ztunnel reconnects at once; while the server is busy
 /// answering the first of them, a short queue overflows, and the kernel then drops or resets
-/// the rest (measured: T6 with 1,000 clients, BENCHMARKS.md).
+/// the rest: benchmark T6's 1,000 clients overflow tokio's default (docs/xds.md).
 pub fn listen(address: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     let socket = match address {
         std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,

@@ -320,7 +320,7 @@ mod tests {
 
     /// An idle stream's task holds its `run` future for the stream's life: the request and
     /// push handlers are boxed so that their state is not part of it, and so is the connection
-    /// itself (an async fn keeps its arguments twice). In a debug build it was 2.4 KB.
+    /// itself (an async fn keeps its arguments twice).
     #[tokio::test]
     async fn an_idle_connection_task_is_small() {
         let (_publish, snapshots) = tokio::sync::watch::channel(None);

@@ -225,7 +225,7 @@ impl Index {
                 }
             }
             // A scan, not a per-node index: a node's labels rarely change (a status-only update
-            // is a no-op after reduction), and an index of pods by node cost ~130 B per pod.
+            // is a no-op after reduction), and an index of pods by node would cost ~130 B a pod.
             Object::Node(node) => targets.extend(
                 self.store
                     .pods

@@ -140,7 +140,7 @@ fn gateway_allowed_routes_read_as_istiod_does() {
         };
         gw.listeners[0].allowed.clone().expect("namespaces set")
     };
-    // An unknown `from` is Same; it no longer invalidates the Gateway.
+    // An unknown `from` is Same; it does not invalidate the Gateway.
     assert_eq!(allowed("{from: Bogus}"), AllowedNamespaces::Same);
     assert_eq!(allowed("{}"), AllowedNamespaces::Same);
     // No selector selects nothing; `{}` everything.
