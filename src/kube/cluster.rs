@@ -12,8 +12,10 @@
 //!   is read (nothing is published before `Synced`, so it need not be atomic), gated so kinds
 //!   arrive in [`Kind::ALL`] order (containers before contents, as the manifests source loads
 //!   them). `Synced` follows once every kind is listed.
-//! - **Missing CRDs:** a 404 on list means the kind is not installed: one warning, a
-//!   `Reset(kind, [])` (it counts as listed), and retries with backoff until the CRD appears.
+//! - **Missing CRDs:** any 404 on list (a real API server's is plain text, see
+//!   [`crate::kube::not_served`]) means the kind is not installed: one warning, a
+//!   `Reset(kind, [])` (it counts as listed, so readiness is not held), a fresh list every few
+//!   seconds, and one line when the CRD appears and the kind is listed.
 //! - **Errors and outages:** the watcher backs off (kube's `default_backoff` unless
 //!   [`ClusterConfig::retry`] says otherwise), resumes from its last resourceVersion, and
 //!   re-lists after a 410. Nothing is sent meanwhile, so the index keeps serving its last
@@ -77,7 +79,16 @@ pub enum Retry {
 }
 
 impl Retry {
-    fn backoff(self) -> Box<dyn Backoff> {
+    /// How often a kind that is not served (its CRD missing) is listed again, so it is picked
+    /// up soon after its CRD is installed. A 404 costs the API server next to nothing.
+    fn missing_poll(self) -> Duration {
+        match self {
+            Retry::KubeDefault => Duration::from_secs(5),
+            Retry::Exponential { max, .. } => max,
+        }
+    }
+
+    pub(crate) fn backoff(self) -> Box<dyn Backoff> {
         match self {
             Retry::KubeDefault => Box::new(kube::runtime::watcher::DefaultBackoff::default()),
             Retry::Exponential { initial, max } => Box::new(Exponential {
@@ -89,22 +100,54 @@ impl Retry {
     }
 }
 
-/// A backoff that remembers the delay it last chose, so the watch loop knows when a retry
-/// that produced no new error has succeeded.
+/// A watcher's backoff that remembers the delay it last chose (so the watch loop knows when
+/// a retry that produced no new error has succeeded) and resets only on progress.
+///
+/// kube-runtime's `StreamBackoff` resets its backoff on every `Ok` item, and the watcher
+/// yields `Init` before each list attempt, so a list that keeps failing (a kind the caller may
+/// not list, an unreachable server) would be retried at the first delay forever. Here the
+/// reset is ignored; the owner calls [`BackoffHandle::progressed`] when the watch really
+/// moved (a list completed, an object changed), and the next delay starts over.
 pub(crate) struct Recorded {
     inner: Box<dyn Backoff>,
-    last: Arc<Mutex<Option<Duration>>>,
+    shared: Arc<Mutex<BackoffState>>,
+}
+
+#[derive(Debug, Default)]
+struct BackoffState {
+    last: Option<Duration>,
+    progressed: bool,
+}
+
+/// The watch loop's side of a [`Recorded`] backoff.
+#[derive(Clone, Debug)]
+pub(crate) struct BackoffHandle(Arc<Mutex<BackoffState>>);
+
+impl BackoffHandle {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BackoffState> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The delay chosen after the latest error (zero before any).
+    pub(crate) fn last_delay(&self) -> Duration {
+        self.lock().last.unwrap_or_default()
+    }
+
+    /// The watch made progress: the next error backs off from the first delay again.
+    pub(crate) fn progressed(&self) {
+        self.lock().progressed = true;
+    }
 }
 
 impl Recorded {
-    pub(crate) fn new(retry: Retry) -> (Self, Arc<Mutex<Option<Duration>>>) {
-        let last = Arc::new(Mutex::new(None));
+    pub(crate) fn new(retry: Retry) -> (Self, BackoffHandle) {
+        let shared = Arc::new(Mutex::new(BackoffState::default()));
         (
             Recorded {
                 inner: retry.backoff(),
-                last: last.clone(),
+                shared: shared.clone(),
             },
-            last,
+            BackoffHandle(shared),
         )
     }
 }
@@ -113,16 +156,19 @@ impl Iterator for Recorded {
     type Item = Duration;
 
     fn next(&mut self) -> Option<Duration> {
+        let mut state = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        if std::mem::take(&mut state.progressed) {
+            self.inner.reset();
+        }
         let next = self.inner.next();
-        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = next;
+        state.last = next;
         next
     }
 }
 
 impl Backoff for Recorded {
-    fn reset(&mut self) {
-        self.inner.reset();
-    }
+    /// Ignored: see the type's comment; [`BackoffHandle::progressed`] resets instead.
+    fn reset(&mut self) {}
 }
 
 struct Exponential {

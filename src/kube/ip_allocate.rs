@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::discovery::model::{Labels, Object};
-use crate::kube::cluster::DiscoverySelectors;
+use crate::kube::cluster::{DiscoverySelectors, Recorded, Retry as WatchRetry};
 use crate::kube::leader::Leadership;
 use crate::kube::listed::{Listed, namespace_entry};
 use crate::kube::objects::decode_json;
@@ -152,6 +152,9 @@ fn stored(object: &DynamicObject) -> Result<Stored, String> {
     }
 }
 
+/// The longest wait between retries of the allocator's own watches.
+const WATCH_RETRY_MAX: Duration = Duration::from_secs(5);
+
 /// An entry whose write failed: when to try again, and the next delay.
 #[derive(Debug)]
 struct Retry {
@@ -164,14 +167,22 @@ impl IpAllocation {
     pub async fn run(self, mut leadership: Leadership, stop: CancellationToken) {
         let entries_api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource());
         let namespaces_api: Api<Namespace> = Api::all(self.client.clone());
+        // Retries stay a few seconds apart at most, so ServiceEntries are picked up soon after
+        // their CRD is installed (until then every list is a 404).
+        let retry = WatchRetry::Exponential {
+            initial: self.backoff,
+            max: self.max_backoff.min(WATCH_RETRY_MAX),
+        };
+        let (entry_backoff, entry_progress) = Recorded::new(retry);
+        let (namespace_backoff, namespace_progress) = Recorded::new(retry);
         let mut entry_events = watcher(entries_api, watcher::Config::default())
-            .default_backoff()
+            .backoff(entry_backoff)
             .boxed();
         let mut namespace_events = watcher(namespaces_api, watcher::Config::default())
-            .default_backoff()
+            .backoff(namespace_backoff)
             .boxed();
-        let mut entries = Entries::default();
-        let mut namespaces = Namespaces::default();
+        let mut entries = Entries::with_backoff(entry_progress);
+        let mut namespaces = Namespaces::with_backoff(namespace_progress);
         let mut allocator: Option<Allocator> = None;
         let mut retries: HashMap<String, Retry> = HashMap::new();
         let mut reported: BTreeSet<String> = BTreeSet::new();

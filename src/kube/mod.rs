@@ -25,3 +25,23 @@ pub mod token_review;
 pub mod writes;
 
 pub use manifests::{ManifestDir, ManifestError};
+
+use kube::runtime::watcher;
+
+/// A 404 from a list or watch: the API server does not serve the resource (its CRD, or its
+/// whole API group, is not installed).
+///
+/// The code is what counts, not the reason. A real kube-apiserver answers a path it does not
+/// serve with a plain-text `404 page not found`, not a JSON `Status`; kube-rs then makes a
+/// `Status` whose reason is "Failed to parse error data", for which `Status::is_not_found()`
+/// (it trusts a known reason before the code) is false. A list in a namespace that does not
+/// exist is an empty 200, so a 404 on a collection never means "no such object".
+pub(crate) fn not_served(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.code == 404,
+        watcher::Error::WatchError(status) => status.code == 404,
+        _ => false,
+    }
+}

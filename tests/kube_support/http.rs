@@ -116,13 +116,94 @@ pub(super) fn route(state: &FakeState, path: &str) -> Option<Target> {
     })
 }
 
+/// A path the server does not serve (a group/version, or a resource in a served group, whose
+/// CRD is not installed). A real kube-apiserver answers this from its HTTP mux, not from a
+/// resource handler: a plain-text `404 page not found`, no JSON `Status` (captured in
+/// tests/fixtures/kube-responses/404-group-not-served.txt and
+/// 404-resource-not-in-served-group.txt). kube-rs cannot parse it into a `Status`, so code that
+/// tells "not served" from other errors must look at the HTTP code.
 pub(super) fn not_found() -> Response {
-    error_response(
-        404,
-        "NotFound",
-        "the server could not find the requested resource",
+    (
+        StatusCode::NOT_FOUND,
+        [("content-type", "text/plain; charset=utf-8")],
+        "404 page not found\n",
     )
+        .into_response()
 }
+
+/// An injected failure as the real server words it: a 404 is a missing object
+/// (404-object-not-found.txt), a 403 an RBAC refusal (403-forbidden.txt, with this fake's
+/// fixed user), a 409 a stale resourceVersion (409-conflict-stale-resourceversion.txt).
+fn injected(code: u16, request: &Request) -> Response {
+    let call = request.api_call();
+    let (verb, group, plural, namespace, name) = match &call {
+        Some(c) => (
+            c.verb.as_str(),
+            c.group.as_str(),
+            c.resource.as_str(),
+            c.namespace.clone(),
+            c.name.clone().unwrap_or_default(),
+        ),
+        None => ("get", "", "", None, String::new()),
+    };
+    let mut body = match code {
+        403 => {
+            let scope = match &namespace {
+                Some(ns) => format!("in the namespace \"{ns}\""),
+                None => "at the cluster scope".to_string(),
+            };
+            let what = if name.is_empty() {
+                plural.to_string()
+            } else {
+                format!("{plural} \"{name}\"")
+            };
+            status(
+                403,
+                "Forbidden",
+                &format!(
+                    "{what} is forbidden: User \"{FAKE_USER}\" cannot {verb} resource \"{plural}\" in API group \"{group}\" {scope}"
+                ),
+            )
+        }
+        404 => status(404, "NotFound", &format!("{plural} \"{name}\" not found")),
+        409 => status(
+            409,
+            "Conflict",
+            &format!(
+                "Operation cannot be fulfilled on {plural} \"{name}\": the object has been modified; \
+                 please apply your changes to the latest version and try again"
+            ),
+        ),
+        503 => status(
+            503,
+            "ServiceUnavailable",
+            "the server is currently unable to handle the request",
+        ),
+        _ => status(
+            code,
+            "InternalError",
+            "Internal error occurred: injected failure",
+        ),
+    };
+    if matches!(code, 403 | 404 | 409) {
+        let mut details = json!({"kind": plural});
+        if !name.is_empty() {
+            details["name"] = json!(name);
+        }
+        // The real server orders `name` before `kind`; JSON readers do not care.
+        body["details"] = details;
+    }
+    let status_code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (
+        status_code,
+        [("content-type", "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// The user an injected 403 names (the real message names the caller).
+pub const FAKE_USER: &str = "system:serviceaccount:istio-system:ambientd";
 
 pub(super) async fn handle(
     State(shared): State<Arc<Shared>>,
@@ -138,27 +219,20 @@ pub(super) async fn handle(
         .get("content-type")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    let request = Request {
+        method: method.to_string(),
+        path: uri.path().to_string(),
+        query: uri.query().unwrap_or_default().to_string(),
+        content_type,
+    };
     let failure = {
         let mut state = shared.lock();
-        let request = Request {
-            method: method.to_string(),
-            path: uri.path().to_string(),
-            query: uri.query().unwrap_or_default().to_string(),
-            content_type,
-        };
         let failure = state.take_failure(&request);
-        state.requests.push(request);
+        state.requests.push(request.clone());
         failure
     };
     if let Some(code) = failure {
-        let reason = match code {
-            403 => "Forbidden",
-            404 => "NotFound",
-            409 => "Conflict",
-            503 => "ServiceUnavailable",
-            _ => "InternalError",
-        };
-        return error_response(code, reason, "injected failure");
+        return injected(code, &request);
     }
     if method == Method::POST && uri.path() == "/apis/authentication.k8s.io/v1/tokenreviews" {
         return token_review(&shared, &body);
@@ -212,7 +286,19 @@ fn list(
     let mut pages = match query.get("continue").filter(|c| !c.is_empty()) {
         Some(token) => match state.pages.remove(token) {
             Some(pages) => pages,
-            None => return error_response(410, "Expired", "the continue token has expired"),
+            // As the real server words an expired continue token.
+            None => {
+                return error_response(
+                    410,
+                    "Expired",
+                    "The provided continue parameter is too old to display a consistent list result. \
+                     You can start a new list without the continue parameter, or use the continue token \
+                     in this response to retrieve the remainder of the results. Continuing with the \
+                     provided token results in an inconsistent list - objects that were created, \
+                     modified, or deleted between the time the first chunk was returned and now may \
+                     show up in the list.",
+                );
+            }
         },
         None => Pages {
             rv: state.rv,
@@ -250,10 +336,17 @@ fn list(
     }
     drop(state);
     let mut body = Vec::with_capacity(page.iter().map(|i| i.len() + 1).sum::<usize>() + 256);
+    // As the real server writes a list (200-list.txt): `kind`, `apiVersion`, then metadata
+    // with `continue` only when there is more.
+    let more = if continue_token.is_empty() {
+        String::new()
+    } else {
+        format!(",\"continue\":\"{continue_token}\"")
+    };
     body.extend_from_slice(
         format!(
-            "{{\"apiVersion\":\"{}\",\"kind\":\"{}List\",\"metadata\":{{\"resourceVersion\":\"{}\",\"continue\":\"{}\"}},\"items\":[",
-            resource.api_version, resource.kind, pages.rv, continue_token
+            "{{\"kind\":\"{}List\",\"apiVersion\":\"{}\",\"metadata\":{{\"resourceVersion\":\"{}\"{more}}},\"items\":[",
+            resource.kind, resource.api_version, pages.rv
         )
         .as_bytes(),
     );
@@ -272,8 +365,8 @@ fn event_line(resource: &Resource, change: &str, item: &[u8]) -> Bytes {
     let mut line = Vec::with_capacity(item.len() + 128);
     line.extend_from_slice(
         format!(
-            "{{\"type\":\"{change}\",\"object\":{{\"apiVersion\":\"{}\",\"kind\":\"{}\"",
-            resource.api_version, resource.kind
+            "{{\"type\":\"{change}\",\"object\":{{\"kind\":\"{}\",\"apiVersion\":\"{}\"",
+            resource.kind, resource.api_version
         )
         .as_bytes(),
     );
@@ -334,7 +427,12 @@ fn watch(
     let mut backlog: Vec<(&'static str, Bytes)> = Vec::new();
     let gone = from != 0 && from < state.floor;
     if gone {
-        let status = status(410, "Expired", &format!("too old resource version: {from}"));
+        // A 200 stream whose only event is an ERROR (410-watch-compacted-resourceversion.txt).
+        let status = status(
+            410,
+            "Expired",
+            "The resourceVersion for the provided watch is too old.",
+        );
         backlog.push(("ERROR", Bytes::from(status.to_string())));
     } else if from == 0 {
         for stored in state.objects[target.resource].values() {
@@ -404,16 +502,17 @@ fn watch(
                     if !bookmarks {
                         continue;
                     }
+                    // Only `metadata.resourceVersion` (200-watch-events.txt).
                     Bytes::from(format!(
-                        "{}\n",
-                        json!({"type": "BOOKMARK", "object": {
-                            "apiVersion": resource.api_version, "kind": resource.kind,
-                            "metadata": {"resourceVersion": rv.to_string()}
-                        }})
+                        "{{\"type\":\"BOOKMARK\",\"object\":{{\"kind\":\"{}\",\"apiVersion\":\"{}\",\"metadata\":{{\"resourceVersion\":\"{rv}\"}}}}}}\n",
+                        resource.kind, resource.api_version
                     ))
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => {
-                    // Too slow: the API server would close it with 410 too.
+                    // Too slow. The real server closes an unresponsive watcher's stream, and
+                    // the client resumes from its last resourceVersion; this fake ends it with
+                    // the 410 that resuming gets once that version has left the history, which
+                    // tests the harder path.
                     let status = status(410, "Expired", "watcher fell behind");
                     let _ = tx
                         .send(Ok(Bytes::from(format!(
@@ -449,10 +548,12 @@ fn token_review(shared: &Shared, body: &[u8]) -> Response {
         .tokens
         .get(token)
         .cloned()
-        .unwrap_or_else(|| json!({"authenticated": false, "error": "invalid bearer token"}));
+        // A rejected token's status has no `authenticated` field at all
+        // (tokenreview-rejected.txt).
+        .unwrap_or_else(|| json!({"user": {}, "error": "invalid bearer token"}));
     let answer = json!({
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
-        "metadata": {"creationTimestamp": null},
+        "kind": "TokenReview", "apiVersion": "authentication.k8s.io/v1",
+        "metadata": {},
         "spec": request["spec"],
         "status": status,
     });

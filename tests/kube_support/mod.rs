@@ -6,7 +6,9 @@
 //! TokenReview, and writes: get, create, replace, patch (merge, JSON, server-side apply),
 //! delete and the `status` subresource (see `write`), with a request log tests can audit.
 //!
-//! Like the real API server, list items carry no `apiVersion`/`kind`; watch events do.
+//! Like the real API server, list items carry no `apiVersion`/`kind`; watch events do. Each
+//! error answer names the captured real answer it imitates (tests/fixtures/kube-responses),
+//! and `kube_fake_writes.rs` replays those captures against the fake.
 #![allow(dead_code)]
 
 mod http;
@@ -16,6 +18,8 @@ mod patch;
 pub mod replica;
 mod write;
 
+#[allow(unused_imports)]
+pub use http::FAKE_USER;
 pub use log::{ApiCall, Request};
 
 use std::collections::{BTreeMap, HashMap};

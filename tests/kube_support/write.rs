@@ -156,6 +156,7 @@ fn json_response(code: StatusCode, value: &Value) -> Response {
         .into_response()
 }
 
+/// A missing object (404-object-not-found.txt).
 fn not_found_object(resource: &Resource, name: &str) -> Response {
     let mut body = status(
         404,
@@ -319,21 +320,16 @@ pub(super) fn handle(
                         .cloned()
                         .unwrap_or_default();
                     let current = leaves(&base);
-                    let conflicts: Vec<String> = mine
+                    let conflicts: Vec<(String, String)> = mine
                         .iter()
-                        .filter(|(path, value)| {
-                            owners.get(*path).is_some_and(|owner| *owner != manager)
-                                && current.get(*path) != Some(value)
+                        .filter_map(|(path, value)| {
+                            let owner = owners.get(path)?;
+                            (*owner != manager && current.get(path) != Some(value))
+                                .then(|| (owner.clone(), format!(".{path}")))
                         })
-                        .map(|(path, _)| format!(".{path}"))
                         .collect();
                     if !conflicts.is_empty() {
-                        let message = format!(
-                            "Apply failed with {} conflict(s): conflicts with other managers: {}",
-                            conflicts.len(),
-                            conflicts.join(", ")
-                        );
-                        return Err(error_response(409, "Conflict", &message));
+                        return Err(apply_conflict(&conflicts));
                     }
                 }
                 let mut object = base.clone();
@@ -484,8 +480,41 @@ fn prepared(
     object
 }
 
+/// A server-side apply conflict as the real server words it (409-apply-conflict.txt): the
+/// count, the other managers, the fields, and one cause per field.
+fn apply_conflict(conflicts: &[(String, String)]) -> Response {
+    let n = conflicts.len();
+    let message = if let [(owner, field)] = conflicts {
+        format!("Apply failed with 1 conflict: conflict with \"{owner}\": {field}")
+    } else {
+        let mut by_owner: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (owner, field) in conflicts {
+            by_owner.entry(owner).or_default().push(field);
+        }
+        let parts: Vec<String> = by_owner
+            .iter()
+            .map(|(owner, fields)| {
+                let list: Vec<String> = fields.iter().map(|f| format!("- {f}")).collect();
+                format!("conflicts with \"{owner}\":\n{}", list.join("\n"))
+            })
+            .collect();
+        format!("Apply failed with {n} conflicts: {}", parts.join("\n"))
+    };
+    let mut body = status(409, "Conflict", &message);
+    body["details"] = json!({"causes": conflicts
+        .iter()
+        .map(|(owner, field)| json!({
+            "reason": "FieldManagerConflict",
+            "message": format!("conflict with \"{owner}\""),
+            "field": field,
+        }))
+        .collect::<Vec<_>>()});
+    json_response(StatusCode::CONFLICT, &body)
+}
+
+/// A write at a stale resourceVersion (409-conflict-stale-resourceversion.txt).
 fn conflict(resource: &Resource, name: &str) -> Response {
-    error_response(
+    let mut body = status(
         409,
         "Conflict",
         &format!(
@@ -493,7 +522,9 @@ fn conflict(resource: &Resource, name: &str) -> Response {
              please apply your changes to the latest version and try again",
             resource.plural
         ),
-    )
+    );
+    body["details"] = json!({"name": name, "kind": resource.plural});
+    json_response(StatusCode::CONFLICT, &body)
 }
 
 /// A write naming a resourceVersion must name the current one.

@@ -18,6 +18,7 @@ use tracing::{debug, info, warn};
 use super::kinds::{Reduced, WatchedKind, WatchedObject, object_ref, reduce};
 use super::{ClusterHealth, DiscoverySelectors, Message, Recorded, Retry, Selection};
 use crate::discovery::model::{Event, Kind, Labels, Object};
+use crate::kube::not_served;
 
 /// The Namespace watcher's extra duty: track labels and publish the selected namespaces.
 pub(super) struct NamespaceSelection {
@@ -173,7 +174,7 @@ impl KindWatch {
         if let Some(fields) = self.watched.field_selector {
             config = config.fields(fields);
         }
-        let (backoff, last_delay) = Recorded::new(self.retry);
+        let (backoff, progress) = Recorded::new(self.retry);
         let stream = kube::runtime::watcher(api, config).backoff(backoff);
         let mut settled_at: Option<Instant> = None;
         let mut stream = pin!(stream);
@@ -219,11 +220,23 @@ impl KindWatch {
             let event = match item {
                 Ok(event) => event,
                 Err(error) => {
-                    if not_found(&error) {
-                        if self.missing(&error).await {
-                            continue;
+                    if matches!(error, watcher::Error::InitialListFailed(_)) && not_served(&error) {
+                        if !self.missing(&error).await {
+                            return Stop::Shutdown;
                         }
-                        return Stop::Shutdown;
+                        // Look again later with a fresh watcher (its backoff would grow to
+                        // its maximum while the kind stays absent).
+                        let poll = self.retry.missing_poll();
+                        tokio::select! {
+                            _ = self.shutdown.cancelled() => return Stop::Shutdown,
+                            _ = tokio::time::sleep(poll) => return Stop::Restart,
+                        }
+                    }
+                    if not_served(&error) {
+                        // Listed, then the watch is refused: the CRD was deleted. A fresh
+                        // list finds it missing (above).
+                        debug!(%error, "no longer served; re-listing");
+                        return Stop::Restart;
                     }
                     if matches!(&error, watcher::Error::WatchError(status) if status.code == 410) {
                         // Routine: our resourceVersion left the API server's history (after a
@@ -243,20 +256,18 @@ impl KindWatch {
                     } else {
                         debug!(error = text, "watch still failing");
                     }
-                    let delay = last_delay
-                        .lock()
-                        .map(|d| d.unwrap_or_default())
-                        .unwrap_or_default();
+                    let delay = progress.last_delay();
                     settled_at = Some(Instant::now() + delay + SETTLED);
-                    if matches!(&error, watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.is_not_found())
-                    {
-                        return Stop::Restart;
-                    }
                     continue;
                 }
             };
-            settled_at = None;
-            self.recovered();
+            // `Init` comes before every list attempt, failing or not: only what follows it
+            // shows that the watch works again.
+            if !matches!(event, WatchEvent::Init) {
+                settled_at = None;
+                self.recovered();
+                progress.progressed();
+            }
             match event {
                 WatchEvent::Init => {
                     // The very first list goes out as it arrives; any later one (a re-list,
@@ -359,7 +370,8 @@ impl KindWatch {
     }
 
     /// The kind is not served (its CRD is missing): it is empty until it appears. Warns and
-    /// sends the empty `Reset` once per absence. Returns false when the index is gone.
+    /// sends the empty `Reset` once per absence (one log line per transition, however often
+    /// the list is retried). Returns false when the index is gone.
     async fn missing(&mut self, error: &watcher::Error) -> bool {
         let kind = self.watched.kind;
         let already = self.health.kind(kind).missing;
@@ -384,9 +396,4 @@ impl KindWatch {
         self.streamed = true;
         self.send(Event::Reset(kind, Vec::new())).await && self.listed().await
     }
-}
-
-/// A 404 on list: the resource is not served.
-fn not_found(error: &watcher::Error) -> bool {
-    matches!(error, watcher::Error::InitialListFailed(kube::Error::Api(status)) if status.is_not_found())
 }
