@@ -77,14 +77,18 @@ impl NetworkGateway {
         )
     }
 
-    /// Its Workload: address (or hostname), network, and the identity its pods run as.
+    /// Its Workload: address (or hostname), network, and the identity its pods run as. Its
+    /// `name` is its uid, as istiod sends it (a workload with an empty name reads as nameless
+    /// in ztunnel's dumps and metrics).
     pub fn workload(&self) -> Workload {
         let (addresses, hostname) = match self.address.parse::<IpAddr>() {
             Ok(ip) => (vec![ip_bytes(&ip)], String::new()),
             Err(_) => (Vec::new(), self.address.clone()),
         };
+        let uid = self.uid();
         Workload {
-            uid: self.uid(),
+            name: uid.clone(),
+            uid,
             namespace: self.source.0.clone(),
             service_account: self.service_account.clone(),
             network: self.network.clone(),
@@ -185,6 +189,7 @@ mod tests {
             ]
         );
         let w = gateways[0].workload();
+        assert_eq!(w.name, w.uid, "named by its uid, as istiod does");
         assert_eq!(
             (w.namespace.as_str(), w.service_account.as_str()),
             ("ns-gtw", "sa-gtw")
