@@ -334,6 +334,93 @@ async fn explain_answers_who_may_connect_and_why() {
         "spiffe://cluster.local/ns/bookinfo/sa/bookinfo-productpage"
     );
 
+    // A Service as the destination: explained for each workload behind it.
+    let productpage = "spiffe://cluster.local/ns/bookinfo/sa/bookinfo-productpage";
+    let ratings_pod = "bookinfo/ratings-v1-6c4f8b7d58-r5lcg";
+    let by_name = ask(productpage, "bookinfo/ratings", 9080).await;
+    assert_eq!(
+        by_name["destination"]["service"],
+        "bookinfo/ratings.bookinfo.svc.cluster.local"
+    );
+    assert!(by_name["waypoint"].is_null(), "ratings has no waypoint");
+    let behind = by_name["workloads"].as_array().unwrap();
+    assert_eq!(
+        behind.len(),
+        2,
+        "the ratings pod and the ratings VM: {by_name}"
+    );
+    let direct = ask(productpage, ratings_pod, 9080).await;
+    let pod = behind
+        .iter()
+        .find(|a| a["destination"]["uid"] == direct["destination"]["uid"])
+        .expect("the ratings pod is behind the Service");
+    assert_eq!(pod["decision"], direct["decision"]);
+    assert_eq!(pod["policy"], direct["policy"]);
+    assert_eq!(by_name["decision"], direct["decision"]);
+    // The same Service by hostname, by ns/hostname and by VIP.
+    for key in [
+        "ratings.bookinfo.svc.cluster.local",
+        "bookinfo/ratings.bookinfo.svc.cluster.local",
+        "10.96.10.4",
+    ] {
+        let answer = ask(productpage, key, 9080).await;
+        assert_eq!(answer["destination"], by_name["destination"], "{key}");
+        assert_eq!(answer["workloads"], by_name["workloads"], "{key}");
+    }
+    // The DENY applies through the Service too.
+    let denied = ask(
+        "spiffe://cluster.local/ns/istio-ingress/sa/gw",
+        "bookinfo/ratings",
+        9080,
+    )
+    .await;
+    assert_eq!(denied["decision"], "DENY");
+    assert_eq!(denied["allowed"], false);
+    assert_eq!(
+        denied["workloads"][0]["policy"],
+        "bookinfo/ratings-deny-admin"
+    );
+
+    // reviews is bound to the namespace waypoint: its workloads' ztunnels see the waypoint.
+    let reviews_service = ask(productpage, "bookinfo/reviews", 9080).await;
+    let waypoint = &reviews_service["waypoint"];
+    assert_eq!(
+        waypoint["identity"], "spiffe://cluster.local/ns/bookinfo/sa/waypoint",
+        "{reviews_service}"
+    );
+    let address = waypoint["address"].as_str().unwrap_or_default();
+    assert!(
+        address == "bookinfo/waypoint.bookinfo.svc.cluster.local"
+            || address.ends_with("/10.96.10.20"),
+        "{waypoint}"
+    );
+    assert_eq!(
+        waypoint["workloads"],
+        serde_json::json!(["Kubernetes//Pod/bookinfo/waypoint-6f7d8c9b5c-q2w3e"])
+    );
+    let behind = reviews_service["workloads"].as_array().unwrap();
+    assert_eq!(behind.len(), 3, "reviews v1, v2 and v3");
+    for answer in behind {
+        let uid = answer["destination"]["uid"].as_str().unwrap();
+        let from_waypoint = ask(
+            "spiffe://cluster.local/ns/bookinfo/sa/waypoint",
+            uid,
+            answer["destination"]["port"].as_u64().unwrap() as u16,
+        )
+        .await;
+        assert_eq!(answer["decision"], from_waypoint["decision"], "{uid}");
+        assert_eq!(answer["policy"], from_waypoint["policy"], "{uid}");
+    }
+
+    // A port the Service does not have is a clear error.
+    let (code, body) = http_get(
+        addr,
+        "/debug/authorize?source=plaintext&destination=bookinfo/ratings&port=81",
+    )
+    .await;
+    assert_eq!(code, 400);
+    assert!(body.contains("has no port 81"), "{body}");
+
     let (code, _) = http_get(
         addr,
         "/debug/authorize?source=plaintext&destination=nowhere&port=1",

@@ -3,8 +3,13 @@
 //!
 //! - `source`: a SPIFFE identity (`spiffe://td/ns/x/sa/y`), an IP (a mesh workload's IP means
 //!   its identity over HBONE; any other IP is plaintext), or `plaintext`;
-//! - `destination`: a workload uid, an IP, or `ns/name`;
-//! - `port`: the destination port.
+//! - `destination`: a workload (uid, IP, or `ns/name`) or a Service (`ns/name`, `ns/hostname`,
+//!   a hostname, or a VIP). People ask "may A call service B": for a Service the answer is
+//!   explained for each workload behind it, on the port the Service's port maps to there. When
+//!   the Service has a waypoint, the caller reaches the waypoint, which enforces the policies
+//!   that target it (not evaluated here); the ztunnel in front of each workload then sees the
+//!   waypoint's identity, so that is the source explained;
+//! - `port`: the destination port (for a Service, one of its ports).
 
 use std::net::IpAddr;
 
@@ -21,7 +26,9 @@ use crate::discovery::Snapshot;
 use crate::discovery::evaluator::{Connection, Identity, applies_to, evaluate};
 use crate::discovery::names::{ip_bytes, ip_from_bytes};
 use crate::pb::security::Authorization;
-use crate::pb::workload::{Address, TunnelProtocol, Workload, address};
+use crate::pb::workload::{
+    Address, GatewayAddress, Service, TunnelProtocol, Workload, address, gateway_address,
+};
 
 #[derive(Debug, Deserialize)]
 pub struct ExplainQuery {
@@ -50,16 +57,113 @@ fn has_ip(w: &Workload, ip: &IpAddr) -> bool {
     w.addresses.contains(&bytes)
 }
 
-/// Finds the destination workload by uid, IP or `ns/name`.
-fn destination(snapshot: &Snapshot, key: &str) -> Option<Workload> {
+fn services(snapshot: &Snapshot) -> impl Iterator<Item = Service> + '_ {
+    snapshot
+        .addresses
+        .values()
+        .filter(|r| r.is_service())
+        .filter_map(|r| match Address::decode(&r.value()[..]).ok()?.r#type {
+            Some(address::Type::Service(s)) => Some(s),
+            _ => None,
+        })
+}
+
+/// A Service's key in workloads' `services` maps: `ns/hostname`.
+fn service_key(service: &Service) -> String {
+    format!("{}/{}", service.namespace, service.hostname)
+}
+
+/// What `destination` names.
+enum Destination {
+    Workload(Box<Workload>),
+    Service(Box<Service>),
+}
+
+/// Finds the destination: a workload by IP, uid or `ns/name`, else a Service by VIP,
+/// `ns/name`, `ns/hostname` or hostname.
+fn destination(snapshot: &Snapshot, key: &str) -> Option<Destination> {
+    let workload = |w: Workload| Destination::Workload(Box::new(w));
+    let service = |s: Service| Destination::Service(Box::new(s));
     if let Ok(ip) = key.parse::<IpAddr>() {
-        return workloads(snapshot).find(|w| has_ip(w, &ip));
+        let bytes = ip_bytes(&ip);
+        return workloads(snapshot)
+            .find(|w| has_ip(w, &ip))
+            .map(workload)
+            .or_else(|| {
+                services(snapshot)
+                    .find(|s| s.addresses.iter().any(|a| a.address == bytes))
+                    .map(service)
+            });
     }
     if let Some(w) = workloads(snapshot).find(|w| w.uid == key) {
-        return Some(w);
+        return Some(workload(w));
     }
-    let (namespace, name) = key.split_once('/')?;
-    workloads(snapshot).find(|w| w.namespace == namespace && w.name == name)
+    match key.split_once('/') {
+        Some((namespace, name)) => workloads(snapshot)
+            .find(|w| w.namespace == namespace && w.name == name)
+            .map(workload)
+            .or_else(|| {
+                services(snapshot)
+                    .find(|s| s.namespace == namespace && (s.name == name || s.hostname == name))
+                    .map(service)
+            }),
+        None => services(snapshot).find(|s| s.hostname == key).map(service),
+    }
+}
+
+/// The workloads behind a Service (those whose `services` map names it).
+fn backends(snapshot: &Snapshot, service: &Service) -> Vec<Workload> {
+    let key = service_key(service);
+    let mut found: Vec<Workload> = workloads(snapshot)
+        .filter(|w| w.services.contains_key(&key))
+        .collect();
+    found.sort_by(|a, b| a.uid.cmp(&b.uid));
+    found
+}
+
+/// The port a connection to `service`'s `port` reaches on `workload`: the workload's own
+/// mapping (a named target port resolved for it), else the Service's numeric target port,
+/// else the same port.
+fn target_port(service: &Service, workload: &Workload, port: u16) -> u16 {
+    let mapped = |ports: &[crate::pb::workload::Port]| {
+        ports
+            .iter()
+            .find(|p| p.service_port == u32::from(port) && p.target_port != 0)
+            .and_then(|p| u16::try_from(p.target_port).ok())
+    };
+    workload
+        .services
+        .get(&service_key(service))
+        .and_then(|list| mapped(&list.ports))
+        .or_else(|| mapped(&service.ports))
+        .unwrap_or(port)
+}
+
+/// The waypoint's workloads: those behind the Service its address names.
+fn waypoint_workloads(snapshot: &Snapshot, waypoint: &GatewayAddress) -> Vec<Workload> {
+    let service = match &waypoint.destination {
+        Some(gateway_address::Destination::Address(a)) => {
+            services(snapshot).find(|s| s.addresses.iter().any(|x| x.address == a.address))
+        }
+        Some(gateway_address::Destination::Hostname(h)) => {
+            services(snapshot).find(|s| s.namespace == h.namespace && s.hostname == h.hostname)
+        }
+        None => None,
+    };
+    service.map_or_else(Vec::new, |s| backends(snapshot, &s))
+}
+
+fn describe_gateway(waypoint: &GatewayAddress) -> String {
+    match &waypoint.destination {
+        Some(gateway_address::Destination::Address(a)) => {
+            let ip = ip_from_bytes(&a.address).map_or_else(String::new, |ip| ip.to_string());
+            format!("{}/{ip}", a.network)
+        }
+        Some(gateway_address::Destination::Hostname(h)) => {
+            format!("{}/{}", h.namespace, h.hostname)
+        }
+        None => String::new(),
+    }
 }
 
 fn identity_of(w: &Workload, trust_domain: &str) -> Identity {
@@ -130,7 +234,10 @@ pub async fn authorize(State(state): State<DebugState>, Query(q): Query<ExplainQ
     let Some(target) = destination(&snapshot, &destination_text) else {
         return (
             StatusCode::NOT_FOUND,
-            Json(json!({"error": format!("no workload {destination_text:?} (a uid, an IP, or ns/name)")})),
+            Json(json!({"error": format!(
+                "no workload or service {destination_text:?} (a workload uid, IP or ns/name; \
+                 a service ns/name, ns/hostname, hostname or VIP)"
+            )})),
         )
             .into_response();
     };
@@ -139,6 +246,102 @@ pub async fn authorize(State(state): State<DebugState>, Query(q): Query<ExplainQ
         .values()
         .filter_map(|r| Authorization::decode(&r.value()[..]).ok())
         .collect();
+    let source_json = |identity: &Option<Identity>, ip: IpAddr| {
+        json!({
+            "identity": identity.as_ref().map(|i| format!("spiffe://{}", i.principal())),
+            "ip": ip.to_string(),
+        })
+    };
+    let service = match target {
+        Destination::Workload(target) => {
+            let mut answer = explain(&policies, &target, &identity, source_ip, port);
+            answer["source"] = source_json(&identity, source_ip);
+            return Json(answer).into_response();
+        }
+        Destination::Service(service) => service,
+    };
+    if !service.ports.is_empty()
+        && !service
+            .ports
+            .iter()
+            .any(|p| p.service_port == u32::from(port))
+    {
+        let ports: Vec<u32> = service.ports.iter().map(|p| p.service_port).collect();
+        return bad(format!(
+            "service {} has no port {port} (its ports: {ports:?})",
+            service_key(&service)
+        ));
+    }
+    // Through a waypoint, the workloads' ztunnels see the waypoint's identity.
+    let (hop_identity, hop_ip, waypoint) = match &service.waypoint {
+        Some(waypoint) => {
+            let pods = waypoint_workloads(&snapshot, waypoint);
+            let first = pods.first();
+            let identity = first.map(|w| identity_of(w, &state.settings.trust_domain));
+            let ip = first
+                .and_then(|w| w.addresses.first())
+                .and_then(|a| ip_from_bytes(a))
+                .unwrap_or(IpAddr::from([0, 0, 0, 0]));
+            let note = if first.is_some() {
+                "the caller reaches the waypoint, which enforces the policies that target it or \
+                 this service (not evaluated here); each workload's ztunnel then sees the \
+                 waypoint's identity"
+            } else {
+                "the waypoint has no workloads in the mesh: nothing can reach this service \
+                 through it; each workload is explained for an unidentified caller"
+            };
+            let described = json!({
+                "address": describe_gateway(waypoint),
+                "identity": identity.as_ref().map(|i| format!("spiffe://{}", i.principal())),
+                "workloads": pods.iter().map(|w| w.uid.clone()).collect::<Vec<_>>(),
+                "note": note,
+            });
+            (identity, ip, Some(described))
+        }
+        None => (identity.clone(), source_ip, None),
+    };
+    let answers: Vec<serde_json::Value> = backends(&snapshot, &service)
+        .iter()
+        .map(|w| {
+            let to = target_port(&service, w, port);
+            explain(&policies, w, &hop_identity, hop_ip, to)
+        })
+        .collect();
+    let allowed = answers.iter().filter(|a| a["allowed"] == true).count();
+    let decision = match (allowed, answers.len()) {
+        (_, 0) => "DENY",
+        (a, n) if a == n => "ALLOW",
+        (0, _) => "DENY",
+        _ => "MIXED",
+    };
+    let reason = match (allowed, answers.len()) {
+        (_, 0) => "no workloads behind the service".to_string(),
+        (a, n) => format!("{a} of {n} workloads allow it"),
+    };
+    Json(json!({
+        "allowed": !answers.is_empty() && allowed == answers.len(),
+        "decision": decision,
+        "reason": reason,
+        "source": source_json(&identity, source_ip),
+        "destination": {
+            "service": service_key(&service),
+            "port": port,
+        },
+        "waypoint": waypoint,
+        "workloads": answers,
+    }))
+    .into_response()
+}
+
+/// ztunnel's decision for one connection to `target`, with the policy and rule that decided
+/// and the policies it considered.
+fn explain(
+    policies: &[Authorization],
+    target: &Workload,
+    identity: &Option<Identity>,
+    source_ip: IpAddr,
+    port: u16,
+) -> serde_json::Value {
     let refs: Vec<&Authorization> = policies.iter().collect();
     let destination_ip = target
         .addresses
@@ -151,25 +354,20 @@ pub async fn authorize(State(state): State<DebugState>, Query(q): Query<ExplainQ
         destination_ip,
         destination_port: port,
     };
-    let decision = evaluate(&refs, &target, &connection);
+    let decision = evaluate(&refs, target, &connection);
     let mut considered: Vec<String> = policies
         .iter()
-        .filter(|p| applies_to(p, &target))
+        .filter(|p| applies_to(p, target))
         .map(|p| format!("{}/{}", p.namespace, p.name))
         .collect();
     considered.sort();
-    Json(json!({
+    json!({
         "allowed": decision.allowed,
         "decision": if decision.allowed { "ALLOW" } else { "DENY" },
         "reason": decision.reason.to_string(),
         "policy": decision.policy,
         "rule": decision.rule,
         "considered": considered,
-        "source": {
-            "identity": identity.map(|i| format!("spiffe://{}", i.principal())),
-            "ip": source_ip.to_string(),
-        },
         "destination": {"uid": target.uid, "ip": destination_ip.to_string(), "port": port},
-    }))
-    .into_response()
+    })
 }
