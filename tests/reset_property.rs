@@ -14,17 +14,17 @@ mod index_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ambientd::discovery::authorization::{
+use ambientd::discovery::convert::authorization::{
     PolicyAction, PolicyRule, PolicyStatus, PolicyTargetRef, Source,
 };
+use ambientd::discovery::convert::peer_authentication::MtlsMode;
+use ambientd::discovery::convert::status::{DesiredStatus, StatusTarget};
 use ambientd::discovery::model::{
     AllowedNamespaces, AuthorizationPolicy, Endpoint, Gateway, Kind, Labels, Listener,
     NamespaceSelector, ObjectRef, PeerAuthentication, PodFields, Resolution, Service, ServiceEntry,
     SliceEndpoint,
 };
-use ambientd::discovery::peer_authentication::MtlsMode;
 use ambientd::discovery::snapshot::Names;
-use ambientd::discovery::status::{DesiredStatus, StatusTarget};
 use ambientd::discovery::{Changes, Index, Object, Settings, Snapshot};
 use index_support::*;
 use proptest::collection::vec;
@@ -522,7 +522,9 @@ fn of_kind(objects: &BTreeMap<ObjectRef, Object>, kind: Kind) -> Vec<Object> {
 /// waypoint policies, and meshConfig.serviceEntryVisibility configured so that Namespace labels
 /// decide ServiceEntry visibility (`team: x` NAMESPACE, `tier: untrusted` NONE, else PUBLIC).
 fn settings(options: bool) -> Settings {
-    use ambientd::discovery::visibility::{ServiceEntryVisibility, Visibility, VisibilityPolicy};
+    use ambientd::discovery::model::visibility::{
+        ServiceEntryVisibility, Visibility, VisibilityPolicy,
+    };
     let policy = |visibility, key: &str, value: &str| VisibilityPolicy {
         visibility,
         rules: vec![NamespaceSelector::labels(labels(&[(key, value)]))],

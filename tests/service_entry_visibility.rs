@@ -6,9 +6,13 @@ mod index_support;
 
 use std::sync::Arc;
 
+use ambientd::discovery::convert::status::{
+    StatusKind, StatusTarget, VISIBILITY_APPLIED, WAYPOINT_BOUND,
+};
+use ambientd::discovery::model::visibility::{
+    ServiceEntryVisibility, Visibility, VisibilityPolicy,
+};
 use ambientd::discovery::model::{AllowedNamespaces, Gateway, Listener, NamespaceSelector};
-use ambientd::discovery::status::{StatusKind, StatusTarget, VISIBILITY_APPLIED, WAYPOINT_BOUND};
-use ambientd::discovery::visibility::{ServiceEntryVisibility, Visibility, VisibilityPolicy};
 use ambientd::discovery::{Index, Object, Settings};
 use index_support::*;
 

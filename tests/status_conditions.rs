@@ -6,9 +6,9 @@
 mod index_support;
 
 use ambientd::discovery::Object;
-use ambientd::discovery::authorization::{AuthorizationPolicy, Operation, PolicyRule};
+use ambientd::discovery::convert::authorization::{AuthorizationPolicy, Operation, PolicyRule};
+use ambientd::discovery::convert::status::{StatusKind, StatusTarget, WAYPOINT_BOUND};
 use ambientd::discovery::model::{AllowedNamespaces, Gateway, Listener};
-use ambientd::discovery::status::{StatusKind, StatusTarget, WAYPOINT_BOUND};
 use index_support::*;
 
 const WP_NS: &str = "wp";
@@ -349,7 +349,7 @@ fn a_status_only_change_is_a_change() {
     let deny = |paths: Vec<String>| AuthorizationPolicy {
         name: "p".into(),
         namespace: NS.into(),
-        action: ambientd::discovery::authorization::PolicyAction::Deny,
+        action: ambientd::discovery::convert::authorization::PolicyAction::Deny,
         rules: vec![PolicyRule {
             to: vec![Operation {
                 paths,

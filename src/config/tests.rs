@@ -139,7 +139,7 @@ fn ip_autoallocation_is_on_with_istiods_ranges_unless_turned_off() {
 
 #[test]
 fn service_entry_visibility_comes_from_the_mesh_config_in_either_mode() {
-    use crate::discovery::visibility::Visibility;
+    use crate::discovery::model::visibility::Visibility;
     let dir = tempfile::tempdir().unwrap();
     let mesh = dir.path().join("mesh");
     std::fs::write(

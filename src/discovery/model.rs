@@ -9,11 +9,16 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 
-pub use crate::discovery::authorization::AuthorizationPolicy;
-pub use crate::discovery::peer_authentication::PeerAuthentication;
+pub mod labels;
+pub mod pod;
+pub mod uid;
+pub mod visibility;
 
-pub use crate::discovery::labels::Labels;
-pub use crate::discovery::pod::{ContainerPort, Owner, Pod, PodFields};
+pub use crate::discovery::convert::authorization::AuthorizationPolicy;
+pub use crate::discovery::convert::peer_authentication::PeerAuthentication;
+
+pub use crate::discovery::model::labels::Labels;
+pub use crate::discovery::model::pod::{ContainerPort, Owner, Pod, PodFields};
 
 /// The kinds of object the index understands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -449,5 +454,5 @@ pub enum Event {
     Synced,
     /// meshConfig.serviceEntryVisibility changed (the mesh config file was re-read); `None`:
     /// no longer configured.
-    Visibility(Option<std::sync::Arc<crate::discovery::visibility::ServiceEntryVisibility>>),
+    Visibility(Option<std::sync::Arc<crate::discovery::model::visibility::ServiceEntryVisibility>>),
 }

@@ -1,19 +1,23 @@
 //! The `Changes` an index step produced, and the immutable `Snapshot` of encoded resources
-//! ([`crate::discovery::resource`]).
+//! ([`crate::discovery::snapshot::resource`]).
 //!
 //! A snapshot is a set of persistent maps: cloning it is O(1), and the index updates it in
 //! O(log n) per resource.
 
+pub mod alias;
+pub mod links;
+pub mod resource;
+
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use crate::discovery::alias::{Aliases, Networks};
-use crate::discovery::authorization::PolicyStatus;
-use crate::discovery::links::{waypoint_of, workload_links};
+use crate::discovery::convert::authorization::PolicyStatus;
+use crate::discovery::convert::status::{DesiredStatus, StatusTarget};
 use crate::discovery::names::TypeKind;
-pub(crate) use crate::discovery::resource::aliases_in;
-pub use crate::discovery::resource::{Name, Resource, Version};
-use crate::discovery::status::{DesiredStatus, StatusTarget};
+use crate::discovery::snapshot::alias::{Aliases, Networks};
+use crate::discovery::snapshot::links::{waypoint_of, workload_links};
+pub(crate) use crate::discovery::snapshot::resource::aliases_in;
+pub use crate::discovery::snapshot::resource::{Name, Resource, Version};
 
 /// Names touched by one or more index steps, for one type.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -243,7 +247,7 @@ pub struct Snapshot {
     pub addresses: ResourceMap,
     pub authorizations: ResourceMap,
     /// `network/ip` -> names of Address resources with that address (workloads and services).
-    /// Usually one name each, kept alone ([`Aliases`]). The keys are numbers ([`crate::discovery::alias::Alias`]); [`Snapshot::alias`]
+    /// Usually one name each, kept alone ([`Aliases`]). The keys are numbers ([`crate::discovery::snapshot::alias::Alias`]); [`Snapshot::alias`]
     /// looks one up by its text.
     pub aliases: Aliases,
     /// The networks aliases refer to.

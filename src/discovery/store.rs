@@ -10,16 +10,16 @@ use std::sync::Arc;
 
 use foldhash::HashMap;
 
-use crate::discovery::authorization::PolicyTargetRef;
-use crate::discovery::index::Settings;
+use crate::discovery::convert::authorization::PolicyTargetRef;
+use crate::discovery::convert::network_gateway::NetworkGateway;
+use crate::discovery::convert::waypoint::{GATEWAY_NAME_LABEL, Waypoint};
+use crate::discovery::model::visibility::{ServiceEntryVisibility, Visibility};
 use crate::discovery::model::{
     AuthorizationPolicy, EndpointSlice, Gateway, GatewayClass, Labels, Namespace, Node, Object,
     ObjectRef, PeerAuthentication, Pod, Service, ServiceEntry, WorkloadEntry,
 };
 use crate::discovery::names::service_hostname;
-use crate::discovery::network_gateway::NetworkGateway;
-use crate::discovery::visibility::{ServiceEntryVisibility, Visibility};
-use crate::discovery::waypoint::{GATEWAY_NAME_LABEL, Waypoint};
+use crate::discovery::settings::Settings;
 
 mod pods;
 pub use pods::Pods;

@@ -44,8 +44,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::discovery::Snapshot;
+use crate::discovery::convert::status::{DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::snapshot::PersistentMap;
-use crate::discovery::status::{DesiredStatus, StatusKind, StatusTarget};
 use crate::metrics::{Metrics, StatusLabel};
 use conditions::Observed;
 

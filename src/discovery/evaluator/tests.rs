@@ -2,14 +2,14 @@
 //! cases on hand-written protos.
 
 use super::*;
-use crate::discovery::authorization::{
+use crate::discovery::convert::authorization::{
     AuthorizationPolicy, Condition, Operation, PolicyAction, PolicyRule, Source, convert_policy,
     policy_selects,
 };
-use crate::discovery::model::Labels;
-use crate::discovery::peer_authentication::{
+use crate::discovery::convert::peer_authentication::{
     MtlsMode, PeerAuthentication, static_strict_policy, workload_references,
 };
+use crate::discovery::model::Labels;
 use crate::pb::google::protobuf::Empty;
 use crate::pb::security::{Clause, Rule};
 

@@ -1,12 +1,14 @@
 //! Building one target's resources, and encoding each resource once.
 
+use crate::discovery::convert::status::{self, DesiredStatus, StatusKind, StatusTarget};
+use crate::discovery::convert::{
+    endpoint_slice, entry, policies, service, service_entry, workload,
+};
 use crate::discovery::index::{Index, Target};
+use crate::discovery::model::visibility::Visibility;
 use crate::discovery::names::{TypeKind, service_key};
 use crate::discovery::snapshot::{Name, Resource};
-use crate::discovery::status::{self, DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::store::Key;
-use crate::discovery::visibility::Visibility;
-use crate::discovery::{endpoint_slice, entry, policies, service, service_entry, workload};
 use crate::pb::security::Authorization;
 use crate::pb::workload::{self as wl, Address, address};
 

@@ -5,8 +5,8 @@ use std::hash::{Hash, Hasher};
 
 use foldhash::{HashMap, HashSet};
 
-use crate::discovery::labels::LabelSets;
 use crate::discovery::model::Pod;
+use crate::discovery::model::labels::LabelSets;
 
 /// Pods by namespace, then name. A pod is keyed by its own `namespace` and `name` fields, so
 /// the store keeps no separate key strings nor a per-namespace name set; each pod is boxed so
@@ -103,8 +103,8 @@ impl Pods {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::discovery::labels::Labels;
-    use crate::discovery::pod::PodFields;
+    use crate::discovery::model::labels::Labels;
+    use crate::discovery::model::pod::PodFields;
 
     fn pod(name: &str, app: &str) -> Pod {
         Pod::from(PodFields {

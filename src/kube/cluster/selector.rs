@@ -17,7 +17,7 @@ use std::str::FromStr;
 use serde::Deserialize;
 
 use crate::discovery::model::Labels;
-use crate::discovery::visibility::{ServiceEntryVisibility, Visibility, VisibilityPolicy};
+use crate::discovery::model::visibility::{ServiceEntryVisibility, Visibility, VisibilityPolicy};
 use crate::kube::mesh::RawLabelSelector as RawNamespaceSelector;
 
 /// One requirement on one label key.
@@ -444,7 +444,7 @@ mod tests {
     #[test]
     fn service_entry_visibility_is_read_with_go_selector_semantics() {
         use crate::discovery::model::NamespaceSelector;
-        use crate::discovery::visibility::Visibility;
+        use crate::discovery::model::visibility::Visibility;
         let mesh = MeshSettings::parse(
             "serviceEntryVisibility:\n\
              \x20 defaultVisibility: NAMESPACE\n\

@@ -20,8 +20,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::str::FromStr;
 
+use crate::discovery::convert::service_entry::{allocates_host, auto_allocates};
 use crate::discovery::model::ServiceEntry;
-use crate::discovery::service_entry::{allocates_host, auto_allocates};
 
 /// istiod's default IPv4 range (`PILOT_IP_AUTOALLOCATE_IPV4_PREFIX`).
 pub const DEFAULT_IPV4_PREFIX: &str = "240.240.0.0/16";

@@ -12,9 +12,9 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::discovery::labels::{Labels, head_number, put_seven_bits};
 use crate::discovery::model::Protocol;
-pub use crate::discovery::uid::Uid;
+use crate::discovery::model::labels::{Labels, head_number, put_seven_bits};
+pub use crate::discovery::model::uid::Uid;
 
 /// The controller owner of a pod (`ownerReferences[controller=true]`): owned in
 /// [`PodFields`], borrowed (`Owner<&str>`) from a [`Pod`].
@@ -184,7 +184,7 @@ impl Pod {
         &self.labels
     }
 
-    /// The labels, to share their buffer with an equal map's ([`crate::discovery::labels::LabelSets`]).
+    /// The labels, to share their buffer with an equal map's ([`crate::discovery::model::labels::LabelSets`]).
     pub(crate) fn labels_mut(&mut self) -> &mut Labels {
         &mut self.labels
     }

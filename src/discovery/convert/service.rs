@@ -2,11 +2,11 @@
 //! and the pieces
 //! ServiceEntries share with it (traffic distribution, waypoints).
 
-use crate::discovery::index::Settings;
+use crate::discovery::convert::waypoint::{self, Bind};
 use crate::discovery::model::{IpFamily, Labels, Protocol, Service, ServicePort, TargetPort};
 use crate::discovery::names::{ip_bytes, service_hostname};
+use crate::discovery::settings::Settings;
 use crate::discovery::store::{Key, Store};
-use crate::discovery::waypoint::{self, Bind};
 use crate::pb::workload::{
     self, AppProtocol, GatewayAddress, IpFamilies, LoadBalancing, NetworkAddress, Port,
     WeightedWaypoint,

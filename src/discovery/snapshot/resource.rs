@@ -8,10 +8,10 @@ use std::borrow::Cow;
 use bytes::{BufMut, Bytes};
 use prost::Message;
 
-use crate::discovery::alias::{Alias, Networks, addresses_of};
-use crate::discovery::links::waypoint_of;
+use crate::discovery::model::uid::Uid;
 use crate::discovery::names::TypeKind;
-use crate::discovery::uid::Uid;
+use crate::discovery::snapshot::alias::{Alias, Networks, addresses_of};
+use crate::discovery::snapshot::links::waypoint_of;
 use crate::pb::google::protobuf::Any;
 
 /// A resource's version: the xxhash64 of its encoded value. Kept as the number (8 bytes, no
@@ -69,7 +69,7 @@ pub type Name = arcstr::ArcStr;
 /// boxed slice (a `Bytes` is 32 bytes and allocates a shared header on its first clone; sends
 /// copy from the slice anyway). What the index looks it up by besides its name (its
 /// `network/ip` aliases, a workload's node and services, the waypoint it uses) is read back
-/// from the value when needed ([`crate::discovery::alias`], [`crate::discovery::links`]).
+/// from the value when needed ([`crate::discovery::snapshot::alias`], [`crate::discovery::snapshot::links`]).
 ///
 /// A workload's value repeats its name: the uid field is the resource name, and the `name`
 /// field is the uid's last segment. Those bytes are left out of the stored slice and written

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-/// A Kubernetes `metadata.uid`, borrowed from a [`crate::discovery::pod::Pod`] or a resource: the 16 bytes of a UUID
+/// A Kubernetes `metadata.uid`, borrowed from a [`crate::discovery::model::pod::Pod`] or a resource: the 16 bytes of a UUID
 /// written as the API server writes them (lowercase, `8-4-4-4-12`), or any other text as is.
 /// Stored as bytes, a uid takes 16 B in the pod's table instead of a 56-byte `Arc<str>`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -32,7 +32,7 @@ pub struct Labels {
 const MAX_WIDTH: usize = 4;
 
 /// `n` as `width` bytes of seven bits, low first: ASCII, so a buffer of numbers and text stays
-/// a `str` (here and in [`crate::discovery::pod::Pod`]).
+/// a `str` (here and in [`crate::discovery::model::pod::Pod`]).
 pub(crate) fn put_seven_bits(out: &mut String, n: usize, width: usize) {
     debug_assert!(n < 1 << (7 * width));
     for i in 0..width {

@@ -4,9 +4,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::discovery::index::Settings;
 use crate::discovery::model::{EndpointSlice, Protocol};
 use crate::discovery::names::{ip_bytes, service_hostname, service_key};
+use crate::discovery::settings::Settings;
 use crate::discovery::store::Store;
 use crate::pb::workload::{NetworkMode, Port, PortList, Workload, WorkloadStatus};
 

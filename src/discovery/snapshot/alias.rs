@@ -15,7 +15,7 @@ use std::net::IpAddr;
 use prost::Message;
 
 use crate::discovery::names::ip_from_bytes;
-use crate::discovery::resource::Name;
+use crate::discovery::snapshot::resource::Name;
 use crate::discovery::snapshot::{Names, PersistentMap};
 
 /// A `network/ip` key.

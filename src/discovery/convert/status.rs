@@ -8,12 +8,12 @@
 //! writer (`src/kube/status.rs`) compares it with what the object carries and patches only the
 //! differences; it adds `observedGeneration` and `lastTransitionTime`.
 
-use crate::discovery::authorization::{AuthorizationPolicy, PolicyTargetRef};
+use crate::discovery::convert::authorization::{AuthorizationPolicy, PolicyTargetRef};
+use crate::discovery::convert::service::{INGRESS_USE_WAYPOINT, parse_bool};
+use crate::discovery::convert::waypoint::{self, Bind, BindError, Binding};
 use crate::discovery::model::Labels;
-use crate::discovery::service::{INGRESS_USE_WAYPOINT, parse_bool};
+use crate::discovery::model::visibility::Visibility;
 use crate::discovery::store::{Key, Store};
-use crate::discovery::visibility::Visibility;
-use crate::discovery::waypoint::{self, Bind, BindError, Binding};
 
 /// The condition type istiod writes on Services, ServiceEntries (and here WorkloadEntries).
 pub const WAYPOINT_BOUND: &str = "istio.io/WaypointBound";
@@ -66,7 +66,9 @@ impl StatusKind {
     /// The condition type this one is.
     pub fn condition_type(self) -> &'static str {
         match self {
-            StatusKind::AuthorizationPolicy => crate::discovery::authorization::ZTUNNEL_ACCEPTED,
+            StatusKind::AuthorizationPolicy => {
+                crate::discovery::convert::authorization::ZTUNNEL_ACCEPTED
+            }
             StatusKind::ServiceEntryVisibility => VISIBILITY_APPLIED,
             StatusKind::WaypointPolicy => WAYPOINT_POLICY_ACCEPTED,
             StatusKind::Service | StatusKind::ServiceEntry | StatusKind::WorkloadEntry => {

@@ -4,12 +4,16 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::discovery::authorization::{self, ConvertOptions, ConvertedPolicy, selector_attaches};
-use crate::discovery::index::Settings;
+use crate::discovery::convert::authorization::{
+    self, ConvertOptions, ConvertedPolicy, selector_attaches,
+};
+use crate::discovery::convert::peer_authentication::{
+    self, converted_policy, static_strict_policy,
+};
+use crate::discovery::convert::waypoint::{self, Binding};
 use crate::discovery::model::{Labels, PeerAuthentication};
-use crate::discovery::peer_authentication::{self, converted_policy, static_strict_policy};
+use crate::discovery::settings::Settings;
 use crate::discovery::store::{Key, ServiceRef, Store};
-use crate::discovery::waypoint::{self, Binding};
 use crate::pb::security::{
     Action, Authorization, Clause, Match, Rule, Scope, StringMatch, string_match::MatchType,
 };

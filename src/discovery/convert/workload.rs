@@ -1,14 +1,14 @@
 //! Pod -> `istio.workload.Workload`, its services map included, per docs/conversion.md, "Pod →
 //! Workload".
 
-use crate::discovery::index::Settings;
-use crate::discovery::membership::{self, Member};
+use crate::discovery::convert::membership::{self, Member};
+use crate::discovery::convert::network_gateway;
+use crate::discovery::convert::policies;
+use crate::discovery::convert::waypoint;
 use crate::discovery::model::{Labels, Pod};
 use crate::discovery::names::{ip_bytes, pod_uid};
-use crate::discovery::network_gateway;
-use crate::discovery::policies;
+use crate::discovery::settings::Settings;
 use crate::discovery::store::{Key, Store};
-use crate::discovery::waypoint;
 use crate::pb::workload::{
     Locality, NetworkMode, TunnelProtocol, Workload, WorkloadStatus, WorkloadType,
 };
@@ -209,7 +209,7 @@ mod tests {
 
     #[test]
     fn replica_set_falls_back_to_the_rollout_hash_when_the_deployment_hash_is_no_suffix() {
-        use crate::discovery::pod::{Owner, PodFields};
+        use crate::discovery::model::pod::{Owner, PodFields};
         // (pod labels, ReplicaSet name, workload name)
         type Row = (
             &'static [(&'static str, &'static str)],

@@ -3,11 +3,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::discovery::index::Settings;
 use crate::discovery::model::{
     Labels, Pod, Protocol, Service, ServiceEntry, ServiceEntryPort, TargetPort, selects,
 };
 use crate::discovery::names::{service_hostname, service_key};
+use crate::discovery::settings::Settings;
 use crate::discovery::store::{ServiceRef, Store};
 use crate::pb::workload::{Port, PortList};
 

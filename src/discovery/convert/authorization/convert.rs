@@ -58,7 +58,7 @@ const L4_WHEN_KEYS: [&str; 5] = [
 
 /// The `ZtunnelAccepted` condition to write on the policy: `status` is true when the policy is
 /// sent to ztunnel; the reason is `Accepted` or `UnsupportedValue`.
-pub type PolicyStatus = crate::discovery::status::StatusCondition;
+pub type PolicyStatus = crate::discovery::convert::status::StatusCondition;
 
 impl PolicyStatus {
     fn new(status: bool, reason: &str, message: String) -> Self {

@@ -4,17 +4,17 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use crate::discovery::index::Settings;
-use crate::discovery::membership::{self, Member};
-use crate::discovery::model::{Endpoint, Labels, Resolution, ServiceEntry, WorkloadEntry};
-use crate::discovery::names::ip_bytes;
-use crate::discovery::network_gateway;
-use crate::discovery::policies;
-use crate::discovery::store::{Key, Store};
-use crate::discovery::waypoint;
-use crate::discovery::workload::{
+use crate::discovery::convert::membership::{self, Member};
+use crate::discovery::convert::network_gateway;
+use crate::discovery::convert::policies;
+use crate::discovery::convert::waypoint;
+use crate::discovery::convert::workload::{
     REDIRECTION_ANNOTATION, canonical_name, canonical_revision, parse_locality, tunnel_protocol,
 };
+use crate::discovery::model::{Endpoint, Labels, Resolution, ServiceEntry, WorkloadEntry};
+use crate::discovery::names::ip_bytes;
+use crate::discovery::settings::Settings;
+use crate::discovery::store::{Key, Store};
 use crate::pb::google::protobuf::UInt32Value;
 use crate::pb::workload::{PortList, Workload, WorkloadType};
 
@@ -207,8 +207,10 @@ pub fn service_entry_workloads(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::discovery::convert::waypoint::{
+        GATEWAY_NAME_LABEL, INBOUND_BINDING, USE_WAYPOINT, Waypoint,
+    };
     use crate::discovery::model::{Gateway, GatewayClass, Namespace, Object};
-    use crate::discovery::waypoint::{GATEWAY_NAME_LABEL, INBOUND_BINDING, USE_WAYPOINT, Waypoint};
     use crate::pb::workload::{ApplicationTunnel, application_tunnel::Protocol};
 
     /// A store with the ready waypoint `demo/wp` (taking all traffic, inbound binding
@@ -265,7 +267,7 @@ mod tests {
         assert_eq!(w.waypoint, None, "a waypoint's own entry uses none");
         assert_eq!(w.application_tunnel, proxy_tunnel());
         let bound = |labels: &Labels| {
-            crate::discovery::status::workload_waypoint_bound(
+            crate::discovery::convert::status::workload_waypoint_bound(
                 &store,
                 "demo",
                 labels,
