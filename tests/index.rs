@@ -533,7 +533,7 @@ fn pod_uid_follows_a_recreated_pod_without_a_change() {
 /// revision is empty.
 #[test]
 fn unlabelled_istio_config_is_taken_by_every_revision() {
-    use ambientd::discovery::convert::authorization::AuthorizationPolicy;
+    use ambientd::discovery::model::authorization::AuthorizationPolicy;
     let policy = |name: &str, rev: Option<&str>| {
         Object::AuthorizationPolicy(AuthorizationPolicy {
             name: name.into(),

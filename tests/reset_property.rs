@@ -14,11 +14,12 @@ mod index_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ambientd::discovery::convert::authorization::{
-    PolicyAction, PolicyRule, PolicyStatus, PolicyTargetRef, Source,
+use ambientd::discovery::model::authorization::{
+    PolicyAction, PolicyRule, PolicyTargetRef, Source,
 };
-use ambientd::discovery::convert::peer_authentication::MtlsMode;
-use ambientd::discovery::convert::status::{DesiredStatus, StatusTarget};
+use ambientd::discovery::model::peer_authentication::MtlsMode;
+use ambientd::discovery::model::status::PolicyStatus;
+use ambientd::discovery::model::status::{DesiredStatus, StatusTarget};
 use ambientd::discovery::model::{
     AllowedNamespaces, AuthorizationPolicy, Endpoint, Gateway, Kind, Labels, Listener,
     NamespaceSelector, ObjectRef, PeerAuthentication, PodFields, Resolution, Service, ServiceEntry,

@@ -6,7 +6,7 @@ mod index_support;
 
 use std::sync::Arc;
 
-use ambientd::discovery::convert::status::{
+use ambientd::discovery::model::status::{
     StatusKind, StatusTarget, VISIBILITY_APPLIED, WAYPOINT_BOUND,
 };
 use ambientd::discovery::model::visibility::{

@@ -6,8 +6,8 @@
 mod index_support;
 
 use ambientd::discovery::Object;
-use ambientd::discovery::convert::authorization::{AuthorizationPolicy, Operation, PolicyRule};
-use ambientd::discovery::convert::status::{StatusKind, StatusTarget, WAYPOINT_BOUND};
+use ambientd::discovery::model::authorization::{AuthorizationPolicy, Operation, PolicyRule};
+use ambientd::discovery::model::status::{StatusKind, StatusTarget, WAYPOINT_BOUND};
 use ambientd::discovery::model::{AllowedNamespaces, Gateway, Listener};
 use index_support::*;
 
@@ -349,7 +349,7 @@ fn a_status_only_change_is_a_change() {
     let deny = |paths: Vec<String>| AuthorizationPolicy {
         name: "p".into(),
         namespace: NS.into(),
-        action: ambientd::discovery::convert::authorization::PolicyAction::Deny,
+        action: ambientd::discovery::model::authorization::PolicyAction::Deny,
         rules: vec![PolicyRule {
             to: vec![Operation {
                 paths,

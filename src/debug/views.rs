@@ -15,7 +15,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::debug::{DebugState, render};
-use crate::discovery::convert::status::{StatusCondition, StatusKind, StatusTarget};
+use crate::discovery::model::status::{StatusCondition, StatusKind, StatusTarget};
 use crate::discovery::names::TypeKind;
 use crate::discovery::{Resource, Snapshot};
 use crate::push::registry::{ClientView, ConnectionStatus};

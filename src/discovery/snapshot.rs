@@ -11,8 +11,8 @@ pub mod resource;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use crate::discovery::convert::authorization::PolicyStatus;
-use crate::discovery::convert::status::{DesiredStatus, StatusTarget};
+use crate::discovery::model::status::PolicyStatus;
+use crate::discovery::model::status::{DesiredStatus, StatusTarget};
 use crate::discovery::names::TypeKind;
 use crate::discovery::snapshot::alias::{Aliases, Networks};
 use crate::discovery::snapshot::links::{waypoint_of, workload_links};

@@ -10,10 +10,10 @@ use std::sync::Arc;
 
 use foldhash::HashMap;
 
-use crate::discovery::convert::authorization::PolicyTargetRef;
-use crate::discovery::convert::network_gateway::NetworkGateway;
-use crate::discovery::convert::waypoint::{GATEWAY_NAME_LABEL, Waypoint};
+use crate::discovery::model::authorization::PolicyTargetRef;
+use crate::discovery::model::network_gateway::NetworkGateway;
 use crate::discovery::model::visibility::{ServiceEntryVisibility, Visibility};
+use crate::discovery::model::waypoint::{GATEWAY_NAME_LABEL, Waypoint};
 use crate::discovery::model::{
     AuthorizationPolicy, EndpointSlice, Gateway, GatewayClass, Labels, Namespace, Node, Object,
     ObjectRef, PeerAuthentication, Pod, Service, ServiceEntry, WorkloadEntry,
@@ -24,11 +24,7 @@ use crate::discovery::settings::Settings;
 mod pods;
 pub use pods::Pods;
 
-/// The label on the system namespace that names the local network.
-pub const NETWORK_LABEL: &str = "topology.istio.io/network";
-
-/// `(namespace, name)`.
-pub type Key = (String, String);
+use crate::discovery::model::{Key, NETWORK_LABEL};
 
 /// An object that publishes Services: a Kubernetes Service, or a ServiceEntry (one per host).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

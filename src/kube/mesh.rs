@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tracing::warn;
 
-use crate::discovery::convert::authorization::REVISION_LABEL;
+use crate::discovery::model::authorization::REVISION_LABEL;
 use crate::discovery::model::{
     AllowedNamespaces, Endpoint, EndpointSlice, Gateway, GatewayClass, LabelOperator,
     LabelRequirement, Labels, Listener, NamespaceSelector, Object, Resolution, ServiceEntry,

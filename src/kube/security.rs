@@ -13,12 +13,12 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::discovery::convert::authorization::{
+use crate::discovery::model::Labels;
+use crate::discovery::model::authorization::{
     AuthorizationPolicy, Condition, DRY_RUN_ANNOTATION, Operation, PolicyAction, PolicyRule,
     PolicyTargetRef, REVISION_LABEL, Source,
 };
-use crate::discovery::convert::peer_authentication::{MtlsMode, PeerAuthentication};
-use crate::discovery::model::Labels;
+use crate::discovery::model::peer_authentication::{MtlsMode, PeerAuthentication};
 use crate::kube::objects::{parse, string_map};
 
 const API_VERSIONS: [&str; 2] = ["security.istio.io/v1", "security.istio.io/v1beta1"];

@@ -44,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::discovery::Snapshot;
-use crate::discovery::convert::status::{DesiredStatus, StatusKind, StatusTarget};
+use crate::discovery::model::status::{DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::snapshot::PersistentMap;
 use crate::metrics::{Metrics, StatusLabel};
 use conditions::Observed;

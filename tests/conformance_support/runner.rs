@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use ambientd::discovery::convert::status::{StatusCondition, StatusKind, StatusTarget};
+use ambientd::discovery::model::status::{StatusCondition, StatusKind, StatusTarget};
 use ambientd::discovery::names::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 use ambientd::discovery::{Index, Kind, Object, ObjectRef, Settings, Snapshot};
 use ambientd::kube::objects::{Decoded, decode};

@@ -11,10 +11,11 @@ use crate::discovery::convert::waypoint;
 use crate::discovery::convert::workload::{
     REDIRECTION_ANNOTATION, canonical_name, canonical_revision, parse_locality, tunnel_protocol,
 };
+use crate::discovery::model::Key;
 use crate::discovery::model::{Endpoint, Labels, Resolution, ServiceEntry, WorkloadEntry};
 use crate::discovery::names::ip_bytes;
 use crate::discovery::settings::Settings;
-use crate::discovery::store::{Key, Store};
+use crate::discovery::store::Store;
 use crate::pb::google::protobuf::UInt32Value;
 use crate::pb::workload::{PortList, Workload, WorkloadType};
 
@@ -207,7 +208,7 @@ pub fn service_entry_workloads(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::discovery::convert::waypoint::{
+    use crate::discovery::model::waypoint::{
         GATEWAY_NAME_LABEL, INBOUND_BINDING, USE_WAYPOINT, Waypoint,
     };
     use crate::discovery::model::{Gateway, GatewayClass, Namespace, Object};

@@ -14,9 +14,10 @@
 //! the two meanings of "selector-less" (see [`converted_policy`] and [`workload_references`]).
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use crate::discovery::model::Labels;
+use crate::discovery::model::peer_authentication::{MtlsMode, PeerAuthentication};
 use crate::pb::google::protobuf::Empty;
 use crate::pb::security::{
     Action, Authorization, Clause, Match, Rule, Scope, StringMatch, string_match::MatchType,
@@ -29,54 +30,6 @@ mod tests;
 pub const STATIC_STRICT_NAME: &str = "istio_converted_static_strict";
 /// Prefix of a converted per-PA policy's name.
 pub const CONVERTED_PREFIX: &str = "converted_peer_authentication_";
-
-/// An mTLS mode, top-level or per port.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum MtlsMode {
-    /// Inherit from the parent (namespace, then mesh).
-    #[default]
-    Unset,
-    Permissive,
-    Strict,
-    Disable,
-}
-
-impl MtlsMode {
-    fn non_strict(self) -> bool {
-        matches!(self, MtlsMode::Permissive | MtlsMode::Disable)
-    }
-}
-
-/// A `security.istio.io` PeerAuthentication, reduced to what ambient reads.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PeerAuthentication {
-    pub name: String,
-    pub namespace: String,
-    /// The `istio.io/rev` label, if any.
-    pub revision: Option<String>,
-    /// `spec.selector.matchLabels`: `None` without a `selector` field, `Some` (maybe empty)
-    /// with one.
-    pub selector: Option<Labels>,
-    /// `spec.mtls.mode`.
-    pub mode: MtlsMode,
-    /// `spec.portLevelMtls`, by port number.
-    pub port_level: BTreeMap<u32, MtlsMode>,
-    /// `metadata.creationTimestamp` as written (RFC 3339, UTC). `None` sorts as oldest, as
-    /// Go's zero time does.
-    pub creation: Option<String>,
-}
-
-impl PeerAuthentication {
-    /// "Oldest wins": creation timestamp, then name (istiod keeps the first of equal times, and
-    /// lists objects by name).
-    fn age_order(&self, other: &Self) -> Ordering {
-        (&self.creation, &self.namespace, &self.name).cmp(&(
-            &other.creation,
-            &other.namespace,
-            &other.name,
-        ))
-    }
-}
 
 /// The xDS name of the static policy: `<root ns>/istio_converted_static_strict`.
 pub fn static_strict_key(root_namespace: &str) -> String {

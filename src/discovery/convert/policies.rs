@@ -11,9 +11,10 @@ use crate::discovery::convert::peer_authentication::{
     self, converted_policy, static_strict_policy,
 };
 use crate::discovery::convert::waypoint::{self, Binding};
+use crate::discovery::model::Key;
 use crate::discovery::model::{Labels, PeerAuthentication};
 use crate::discovery::settings::Settings;
-use crate::discovery::store::{Key, ServiceRef, Store};
+use crate::discovery::store::{ServiceRef, Store};
 use crate::pb::security::{
     Action, Authorization, Clause, Match, Rule, Scope, StringMatch, string_match::MatchType,
 };

@@ -2,11 +2,13 @@
 //! and the pieces
 //! ServiceEntries share with it (traffic distribution, waypoints).
 
-use crate::discovery::convert::waypoint::{self, Bind};
+use crate::discovery::convert::waypoint::{self};
+use crate::discovery::model::Key;
+use crate::discovery::model::waypoint::Bind;
 use crate::discovery::model::{IpFamily, Labels, Protocol, Service, ServicePort, TargetPort};
 use crate::discovery::names::{ip_bytes, service_hostname};
 use crate::discovery::settings::Settings;
-use crate::discovery::store::{Key, Store};
+use crate::discovery::store::Store;
 use crate::pb::workload::{
     self, AppProtocol, GatewayAddress, IpFamilies, LoadBalancing, NetworkAddress, Port,
     WeightedWaypoint,

@@ -5,11 +5,12 @@ use std::net::IpAddr;
 
 use crate::discovery::convert::membership::{se_target, wins};
 use crate::discovery::convert::service::{self, distribution_from_annotation};
+use crate::discovery::model::Key;
 use crate::discovery::model::visibility::Visibility;
 use crate::discovery::model::{Resolution, ServiceEntry};
 use crate::discovery::names::ip_bytes;
 use crate::discovery::settings::Settings;
-use crate::discovery::store::{Key, Store};
+use crate::discovery::store::Store;
 use crate::pb::workload::{
     self, AppProtocol, LoadBalancing, NetworkAddress, Port,
     load_balancing::{HealthPolicy, Mode},

@@ -5,10 +5,11 @@ use crate::discovery::convert::membership::{self, Member};
 use crate::discovery::convert::network_gateway;
 use crate::discovery::convert::policies;
 use crate::discovery::convert::waypoint;
+use crate::discovery::model::Key;
 use crate::discovery::model::{Labels, Pod};
 use crate::discovery::names::{ip_bytes, pod_uid};
 use crate::discovery::settings::Settings;
-use crate::discovery::store::{Key, Store};
+use crate::discovery::store::Store;
 use crate::pb::workload::{
     Locality, NetworkMode, TunnelProtocol, Workload, WorkloadStatus, WorkloadType,
 };

@@ -2,14 +2,13 @@
 //! cases on hand-written protos.
 
 use super::*;
-use crate::discovery::convert::authorization::{
-    AuthorizationPolicy, Condition, Operation, PolicyAction, PolicyRule, Source, convert_policy,
-    policy_selects,
-};
-use crate::discovery::convert::peer_authentication::{
-    MtlsMode, PeerAuthentication, static_strict_policy, workload_references,
-};
+use crate::discovery::convert::authorization::{convert_policy, policy_selects};
+use crate::discovery::convert::peer_authentication::{static_strict_policy, workload_references};
 use crate::discovery::model::Labels;
+use crate::discovery::model::authorization::{
+    AuthorizationPolicy, Condition, Operation, PolicyAction, PolicyRule, Source,
+};
+use crate::discovery::model::peer_authentication::{MtlsMode, PeerAuthentication};
 use crate::pb::google::protobuf::Empty;
 use crate::pb::security::{Clause, Rule};
 

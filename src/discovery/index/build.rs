@@ -1,14 +1,15 @@
 //! Building one target's resources, and encoding each resource once.
 
-use crate::discovery::convert::status::{self, DesiredStatus, StatusKind, StatusTarget};
+use crate::discovery::convert::status::{self};
 use crate::discovery::convert::{
     endpoint_slice, entry, policies, service, service_entry, workload,
 };
 use crate::discovery::index::{Index, Target};
+use crate::discovery::model::Key;
+use crate::discovery::model::status::{DesiredStatus, StatusCondition, StatusKind, StatusTarget};
 use crate::discovery::model::visibility::Visibility;
 use crate::discovery::names::{TypeKind, service_key};
 use crate::discovery::snapshot::{Name, Resource};
-use crate::discovery::store::Key;
 use crate::pb::security::Authorization;
 use crate::pb::workload::{self as wl, Address, address};
 
@@ -71,7 +72,7 @@ impl Index {
         reads: &mut Vec<Key>,
     ) -> Vec<(StatusTarget, Option<DesiredStatus>)> {
         let store = &self.store;
-        let desired = |generation: i64, condition: Option<status::StatusCondition>| {
+        let desired = |generation: i64, condition: Option<StatusCondition>| {
             Some(DesiredStatus {
                 generation,
                 condition: condition.map(Box::new),

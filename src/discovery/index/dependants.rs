@@ -3,12 +3,13 @@
 
 use std::collections::BTreeSet;
 
-use crate::discovery::convert::network_gateway::NetworkGateway;
-use crate::discovery::convert::waypoint::{GATEWAY_NAME_LABEL, Waypoint};
 use crate::discovery::index::{Index, Target};
+use crate::discovery::model::Key;
+use crate::discovery::model::network_gateway::NetworkGateway;
+use crate::discovery::model::waypoint::{GATEWAY_NAME_LABEL, Waypoint};
 use crate::discovery::model::{Kind, Object, ObjectRef, selects};
 use crate::discovery::names::service_hostname;
-use crate::discovery::store::{Key, ServiceRef, slice_pods};
+use crate::discovery::store::{ServiceRef, slice_pods};
 
 impl Index {
     /// Waypoints and the network, which many objects read: recompute them after a change and

@@ -14,8 +14,10 @@ use std::sync::Arc;
 
 use foldhash::{HashMap, HashMapExt, HashSet};
 
-use crate::discovery::convert::authorization::{PolicyStatus, REVISION_LABEL};
-use crate::discovery::convert::status::{DesiredStatus, StatusKind, StatusTarget};
+use crate::discovery::model::Key;
+use crate::discovery::model::authorization::REVISION_LABEL;
+use crate::discovery::model::status::PolicyStatus;
+use crate::discovery::model::status::{DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::model::visibility::ServiceEntryVisibility;
 use crate::discovery::model::{Event, Kind, Object, ObjectRef};
 use crate::discovery::names::{TypeKind, pod_uid};
@@ -25,9 +27,7 @@ use crate::discovery::snapshot::{
     Changes, HISTORY, MIN_HISTORY_NAMES, Name, Names, PersistentMap, Resource, ResourceMap,
     Snapshot, aliases_in,
 };
-use crate::discovery::store::{Key, Store};
-
-pub use crate::discovery::store::NETWORK_LABEL;
+use crate::discovery::store::Store;
 
 mod build;
 mod dependants;

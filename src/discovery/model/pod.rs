@@ -12,7 +12,7 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::discovery::model::Protocol;
+use crate::discovery::model::kinds::Protocol;
 use crate::discovery::model::labels::{Labels, head_number, put_seven_bits};
 pub use crate::discovery::model::uid::Uid;
 

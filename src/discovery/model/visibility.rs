@@ -10,7 +10,8 @@
 //! - `NONE`: nothing is published: no Service, no endpoint, no membership. The entry does not
 //!   even take part in hostname de-duplication.
 
-use crate::discovery::model::{Labels, NamespaceSelector};
+use crate::discovery::model::kinds::NamespaceSelector;
+use crate::discovery::model::labels::Labels;
 
 /// A ServiceEntry's resolved visibility.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

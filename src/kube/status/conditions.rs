@@ -11,7 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value, json};
 
-use crate::discovery::convert::status::{DesiredStatus, StatusCondition};
+use crate::discovery::model::status::{DesiredStatus, StatusCondition};
 
 /// ambientd's condition as found on an object (or as last written).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -146,7 +146,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::discovery::convert::status::WAYPOINT_BOUND;
+    use crate::discovery::model::status::WAYPOINT_BOUND;
 
     const T0: &str = "2026-01-02T03:04:05Z";
 

@@ -1,6 +1,7 @@
 //! The authz-* cases of tests/fixtures/conformance.yaml, re-expressed in Rust.
 
 use super::test_support::*;
+use crate::discovery::model::authorization::xds_name;
 
 fn allow_full_policy() -> AuthorizationPolicy {
     let src = |f: fn(&mut Source)| {

@@ -24,7 +24,9 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
-use super::{AuthorizationPolicy, Condition, Operation, PolicyAction, PolicyRule, Source};
+use crate::discovery::model::authorization::{
+    AuthorizationPolicy, Condition, Operation, PolicyAction, PolicyRule, Source,
+};
 use crate::discovery::names::ip_bytes;
 use crate::pb::google::protobuf::Empty;
 use crate::pb::security::{
@@ -32,8 +34,7 @@ use crate::pb::security::{
     string_match::MatchType,
 };
 
-/// The condition type istiod writes on an AuthorizationPolicy for ztunnel.
-pub const ZTUNNEL_ACCEPTED: &str = "ZtunnelAccepted";
+use crate::discovery::model::status::ZTUNNEL_ACCEPTED;
 /// Kubernetes caps `Condition.message` at 32768 bytes.
 const MAX_MESSAGE_BYTES: usize = 32 * 1024;
 /// How many invalid values the status names before summarising.
@@ -56,9 +57,7 @@ const L4_WHEN_KEYS: [&str; 5] = [
     "destination.port",
 ];
 
-/// The `ZtunnelAccepted` condition to write on the policy: `status` is true when the policy is
-/// sent to ztunnel; the reason is `Accepted` or `UnsupportedValue`.
-pub type PolicyStatus = crate::discovery::convert::status::StatusCondition;
+use crate::discovery::model::status::PolicyStatus;
 
 impl PolicyStatus {
     fn new(status: bool, reason: &str, message: String) -> Self {

@@ -16,6 +16,9 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::discovery::evaluator::{Connection, Identity, evaluate};
+use crate::discovery::model::authorization::{
+    Condition, Operation, PolicyAction, PolicyRule, Source,
+};
 use crate::pb::workload::Workload;
 
 const ROOT: &str = "istio-system";

@@ -2,6 +2,10 @@
 
 pub(super) use super::*;
 pub(super) use crate::discovery::model::Labels;
+pub(super) use crate::discovery::model::authorization::{
+    Condition, Operation, PolicyAction, PolicyRule, Source,
+};
+pub(super) use crate::discovery::model::status::{PolicyStatus, ZTUNNEL_ACCEPTED};
 pub(super) use crate::pb::google::protobuf::Empty;
 pub(super) use crate::pb::security::{
     Action, Address, Authorization, Clause, Match, Rule, Scope, ServiceAccountMatch, StringMatch,
