@@ -234,7 +234,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     if let Some((client, _, writes)) = &cluster
         && writes.status
     {
-        let status_config = crate::kube::status::StatusConfig {
+        let status_config = crate::kube::status_writer::StatusConfig {
             qps: f64::from(writes.status_qps),
             burst: writes.status_qps.saturating_mul(2),
             min_backoff: writes.backoff,
@@ -244,7 +244,15 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         let (leader, stop) = (leadership.receiver(), shutdown.clone());
         let metrics = metrics.clone();
         tasks.spawn(async move {
-            crate::kube::status::run(client, snapshots, leader, status_config, metrics, stop).await;
+            crate::kube::status_writer::run(
+                client,
+                snapshots,
+                leader,
+                status_config,
+                metrics,
+                stop,
+            )
+            .await;
             Ok(())
         });
     }

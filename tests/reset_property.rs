@@ -25,7 +25,7 @@ use ambientd::discovery::model::{
     NamespaceSelector, ObjectRef, PeerAuthentication, PodFields, Resolution, Service, ServiceEntry,
     SliceEndpoint,
 };
-use ambientd::discovery::snapshot::Names;
+use ambientd::discovery::snapshot::NameSet;
 use ambientd::discovery::{Changes, Index, Object, Settings, Snapshot};
 use index_support::*;
 use proptest::collection::vec;
@@ -569,7 +569,7 @@ struct Observed {
 }
 
 fn observed(s: &Snapshot) -> Observed {
-    let flat = |m: &ambientd::discovery::snapshot::PersistentMap<Name, Names>| {
+    let flat = |m: &ambientd::discovery::snapshot::PersistentMap<Name, NameSet>| {
         m.iter()
             .map(|(k, v)| {
                 assert!(v.is_sorted() && !v.is_empty(), "{k}: {v:?}");

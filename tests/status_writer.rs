@@ -1,4 +1,4 @@
-//! The status writer (`ambientd::kube::status`) against the fake API server over real HTTP:
+//! The status writer (`ambientd::kube::status_writer`) against the fake API server over real HTTP:
 //! the leader writes `ZtunnelAccepted` and `istio.io/WaypointBound`, keeps other controllers'
 //! conditions, updates and removes its own as objects are fixed, writes nothing when nothing
 //! changed or when not leading, reconciles stale conditions when it gains leadership, and
@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use ambientd::discovery::{Index, Settings, Snapshot};
 use ambientd::kube::objects::{Decoded, decode};
-use ambientd::kube::status::{self, StatusConfig};
+use ambientd::kube::status_writer::{self, StatusConfig};
 use ambientd::metrics::{Metrics, StatusLabel};
 use kube_support::{ApiCall, FakeApiServer};
 use serde_json::{Value, json};
@@ -52,7 +52,7 @@ impl Harness {
             max_backoff: Duration::from_millis(200),
         };
         let metrics = Arc::new(Metrics::new());
-        let task = tokio::spawn(status::run(
+        let task = tokio::spawn(status_writer::run(
             fake.client(),
             snapshots,
             leading_rx,

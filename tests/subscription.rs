@@ -52,7 +52,7 @@ fn assert_delta<S: AsRef<str>, R: AsRef<str>>(delta: &Delta, sent: &[S], removed
 const NONE: &[&str] = &[];
 
 /// Resource names or subscription keys in a table row.
-type Names = &'static [&'static str];
+type NameSet = &'static [&'static str];
 
 /// Pods a (10.0.0.1) and b (10.0.0.2) behind service web (10.96.0.10), and pod c (10.0.0.3).
 fn cluster() -> Index {
@@ -79,7 +79,7 @@ fn current_versions(snapshot: &Arc<Snapshot>) -> BTreeMap<String, String> {
 #[test]
 fn initial_subscription() {
     // (subscribe, unsubscribe, wildcard, names)
-    let table: &[(Names, Names, bool, Names)] = &[
+    let table: &[(NameSet, NameSet, bool, NameSet)] = &[
         // Legacy wildcard: an empty first subscribe list.
         (&[], &[], true, &[]),
         (&[WILDCARD], &[], true, &[]),
@@ -107,7 +107,7 @@ fn initial_subscription() {
 #[test]
 fn subscription_update_reports_newly_added_names() {
     let mut s = Subscription::initial(&strings(&[WILDCARD]), &strings(&[WILDCARD]));
-    type Step = (Names, Names, Names, bool, Names);
+    type Step = (NameSet, NameSet, NameSet, bool, NameSet);
     let steps: &[Step] = &[
         // (subscribe, unsubscribe, added, wildcard after, names after)
         (&["x", "y"], &[], &["x", "y"], false, &["x", "y"]),

@@ -3,14 +3,14 @@
 //! conditions istiod would write. Reads the store; never writes it.
 
 pub mod authorization;
+pub mod conditions;
 pub mod endpoint_slice;
-pub mod entry;
 pub mod membership;
 pub mod network_gateway;
 pub mod peer_authentication;
 pub mod policies;
 pub mod service;
 pub mod service_entry;
-pub mod status;
 pub mod waypoint;
 pub mod workload;
+pub mod workload_entry;

@@ -14,6 +14,9 @@ pub mod snapshot;
 pub mod store;
 pub mod trie;
 
+#[cfg(test)]
+mod layers;
+
 pub use index::Index;
 pub use model::{Event, Kind, Object, ObjectRef};
 pub use names::TypeKind;

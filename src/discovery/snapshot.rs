@@ -6,6 +6,7 @@
 
 pub mod alias;
 pub mod links;
+pub mod name;
 pub mod resource;
 
 use std::collections::BTreeSet;
@@ -16,8 +17,9 @@ use crate::discovery::model::status::{DesiredStatus, StatusTarget};
 use crate::discovery::names::TypeKind;
 use crate::discovery::snapshot::alias::{Aliases, Networks};
 use crate::discovery::snapshot::links::{waypoint_of, workload_links};
+pub use crate::discovery::snapshot::name::{Name, NameSet};
 pub(crate) use crate::discovery::snapshot::resource::aliases_in;
-pub use crate::discovery::snapshot::resource::{Name, Resource, Version};
+pub use crate::discovery::snapshot::resource::{Resource, Version};
 
 /// Names touched by one or more index steps, for one type.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -103,107 +105,6 @@ impl Changes {
 /// ([`crate::discovery::trie`]).
 pub type PersistentMap<K, V> = crate::discovery::trie::HashTrie<K, V>;
 
-/// Resource names, sorted and unique, shared between snapshots: the names with one
-/// `network/ip`, and the workloads of one service or node. An address's are nearly always
-/// one, kept inline (a shared slice of one name would cost a 32-byte allocation per pod).
-///
-/// Several names are a shared `Vec` rather than a slice: while the index holds the only copy
-/// (a cold build), adding a name grows it in place, where a slice would be re-allocated at
-/// every size and a node's hundred pods would leave freed blocks of a hundred sizes behind,
-/// memory per pod that benchmark T2 counts. A shared one is copied at its exact size.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Names {
-    One(Name),
-    Many(Arc<Vec<Name>>),
-}
-
-impl Names {
-    /// Adds `name` at `at` (where a binary search put it), in place unless shared.
-    pub(crate) fn insert(&mut self, at: usize, name: Name) {
-        match self {
-            Names::One(first) => {
-                let mut names = Vec::with_capacity(2);
-                names.push(first.clone());
-                names.insert(at, name);
-                *self = Names::Many(Arc::new(names));
-            }
-            Names::Many(shared) => match Arc::get_mut(shared) {
-                Some(names) => {
-                    names.reserve_exact(1);
-                    names.insert(at, name);
-                }
-                None => {
-                    let mut names = Vec::with_capacity(shared.len() + 1);
-                    names.extend_from_slice(&shared[..at]);
-                    names.push(name);
-                    names.extend_from_slice(&shared[at..]);
-                    *shared = Arc::new(names);
-                }
-            },
-        }
-    }
-
-    /// Removes the name at `at`; `false` when it was the last.
-    pub(crate) fn remove(&mut self, at: usize) -> bool {
-        match self {
-            Names::One(_) => false,
-            Names::Many(shared) => {
-                if shared.len() == 2 {
-                    *self = Names::One(shared[1 - at].clone());
-                    return true;
-                }
-                match Arc::get_mut(shared) {
-                    Some(names) => {
-                        names.remove(at);
-                        if names.capacity() > names.len() + 4 {
-                            names.shrink_to_fit();
-                        }
-                    }
-                    None => {
-                        let mut names = Vec::with_capacity(shared.len() - 1);
-                        names.extend_from_slice(&shared[..at]);
-                        names.extend_from_slice(&shared[at + 1..]);
-                        *shared = Arc::new(names);
-                    }
-                }
-                true
-            }
-        }
-    }
-}
-
-impl std::ops::Deref for Names {
-    type Target = [Name];
-
-    fn deref(&self) -> &[Name] {
-        match self {
-            Names::One(name) => std::slice::from_ref(name),
-            Names::Many(names) => names,
-        }
-    }
-}
-
-impl<'a> IntoIterator for &'a Names {
-    type Item = &'a Name;
-    type IntoIter = std::slice::Iter<'a, Name>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.iter()
-    }
-}
-
-impl From<Vec<Name>> for Names {
-    fn from(mut names: Vec<Name>) -> Self {
-        match names.len() {
-            1 => Names::One(names.pop().expect("one name")),
-            _ => {
-                names.shrink_to_fit();
-                Names::Many(Arc::new(names))
-            }
-        }
-    }
-}
-
 /// Resources of one type by name: each entry is the resource, keyed by its own name (16 B a
 /// slot, where a separate key doubled it).
 pub type ResourceMap = crate::discovery::trie::Trie<Arc<Resource>>;
@@ -255,9 +156,9 @@ pub struct Snapshot {
     /// Service name (`ns/hostname`) -> uids of workloads whose services map holds it. Sorted
     /// shared slices: an `imbl::OrdSet` node is a fixed array, and a slice is copied only when a
     /// workload joins or leaves (a pod turning ready touches none of these indexes).
-    pub members: PersistentMap<Name, Names>,
+    pub members: PersistentMap<Name, NameSet>,
     /// Node name -> the workloads on it.
-    pub by_node: PersistentMap<Name, Names>,
+    pub by_node: PersistentMap<Name, NameSet>,
     /// `(generation, changes that produced it)`, oldest first, at most [`HISTORY`] entries and
     /// [`MIN_HISTORY_NAMES`] or an eighth of the resources' count in names.
     pub history: imbl::Vector<(u64, Arc<Changes>)>,
@@ -532,12 +433,12 @@ impl Snapshot {
     }
 
     /// The names with the address a `network/ip` key names.
-    pub fn alias(&self, key: &str) -> Option<Names> {
+    pub fn alias(&self, key: &str) -> Option<NameSet> {
         self.aliases.get(&self.networks.parse(key)?)
     }
 
     /// Every alias as its text, with its names.
-    pub fn alias_texts(&self) -> impl Iterator<Item = (String, Names)> {
+    pub fn alias_texts(&self) -> impl Iterator<Item = (String, NameSet)> {
         self.aliases
             .iter()
             .map(|(alias, names)| (self.networks.text(alias), names))
@@ -550,20 +451,20 @@ mod tests {
 
     #[test]
     fn one_name_is_kept_inline_and_more_are_shared() {
-        let one = Names::from(vec![Name::from("a")]);
-        assert!(matches!(one, Names::One(_)));
+        let one = NameSet::from(vec![Name::from("a")]);
+        assert!(matches!(one, NameSet::One(_)));
         assert_eq!(&*one, [Name::from("a")]);
-        let two = Names::from(vec![Name::from("a"), "b".into()]);
-        assert!(matches!(two, Names::Many(_)));
+        let two = NameSet::from(vec![Name::from("a"), "b".into()]);
+        assert!(matches!(two, NameSet::Many(_)));
         assert_eq!(two.len(), 2);
         // A thin shared pointer for several: the enum fits in the one name's 16 bytes.
-        assert_eq!(std::mem::size_of::<Names>(), 16);
+        assert_eq!(std::mem::size_of::<NameSet>(), 16);
     }
 
     #[test]
     fn names_grow_in_place_alone_and_copy_when_shared() {
         let name = |s: &str| Name::from(s);
-        let mut names = Names::from(vec![name("b")]);
+        let mut names = NameSet::from(vec![name("b")]);
         names.insert(1, name("d"));
         names.insert(0, name("a"));
         names.insert(2, name("c"));
@@ -574,14 +475,14 @@ mod tests {
         assert!(names.remove(0));
         assert_eq!(&*published, [name("a"), name("b"), name("c"), name("d")]);
         assert_eq!(&*names, [name("b"), name("c"), name("d"), name("e")]);
-        let Names::Many(shared) = &names else {
+        let NameSet::Many(shared) = &names else {
             panic!("several names")
         };
         // Copied at its size (five), then one removed in place.
         assert_eq!(shared.capacity(), 5);
         // Down to one name: inline again; the last cannot be removed (the key goes instead).
         assert!(names.remove(3) && names.remove(0) && names.remove(1));
-        assert!(matches!(&names, Names::One(n) if **n == *"c"));
+        assert!(matches!(&names, NameSet::One(n) if **n == *"c"));
         assert!(!names.remove(0));
     }
 }

@@ -20,7 +20,7 @@ pub mod mesh_config;
 pub mod objects;
 pub mod root_configmap;
 pub mod security;
-pub mod status;
+pub mod status_writer;
 pub mod token_review;
 pub mod writes;
 

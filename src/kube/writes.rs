@@ -1,6 +1,6 @@
 //! What ambientd writes to the cluster, and who writes it: the settings that `app` wires into
 //! [`leader`](crate::kube::leader), [`ca_secret`](crate::kube::ca_secret),
-//! [`root_configmap`](crate::kube::root_configmap), [`status`](crate::kube::status) and
+//! [`root_configmap`](crate::kube::root_configmap), [`status`](crate::kube::status_writer) and
 //! [`ip_allocate`](crate::kube::ip_allocate).
 
 use std::time::Duration;

@@ -1,8 +1,7 @@
 //! Building one target's resources, and encoding each resource once.
 
-use crate::discovery::convert::status::{self};
 use crate::discovery::convert::{
-    endpoint_slice, entry, policies, service, service_entry, workload,
+    conditions, endpoint_slice, policies, service, service_entry, workload, workload_entry,
 };
 use crate::discovery::index::{Index, Target};
 use crate::discovery::model::Key;
@@ -31,7 +30,7 @@ impl Index {
             StatusTarget::new(StatusKind::WaypointPolicy, k),
             self.store.policies.get(k).map(|p| DesiredStatus {
                 generation: p.generation,
-                condition: status::waypoint_policy_accepted(
+                condition: conditions::waypoint_policy_accepted(
                     &self.settings.root_namespace,
                     &self.store,
                     p,
@@ -85,7 +84,7 @@ impl Index {
                     // istiod builds nothing for an ExternalName service, so binds nothing.
                     let condition = (!svc.external_name)
                         .then(|| {
-                            status::service_waypoint_bound(
+                            conditions::service_waypoint_bound(
                                 store,
                                 &svc.namespace,
                                 &svc.labels,
@@ -102,7 +101,7 @@ impl Index {
                 let visibility = (
                     StatusTarget::new(StatusKind::ServiceEntryVisibility, k),
                     se.and_then(|se| {
-                        let condition = status::visibility_applied(store, &se.namespace);
+                        let condition = conditions::visibility_applied(store, &se.namespace);
                         desired(se.generation, condition)
                     }),
                 );
@@ -114,7 +113,7 @@ impl Index {
                         // service to report on).
                         let condition = (visibility != Some(Visibility::None))
                             .then(|| {
-                                status::service_waypoint_bound(
+                                conditions::service_waypoint_bound(
                                     store,
                                     &se.namespace,
                                     &se.labels,
@@ -131,8 +130,12 @@ impl Index {
             Target::WorkloadEntry(k) => (
                 StatusTarget::new(StatusKind::WorkloadEntry, k),
                 store.workload_entries.get(k).and_then(|we| {
-                    let condition =
-                        status::workload_waypoint_bound(store, &we.namespace, &we.labels, reads);
+                    let condition = conditions::workload_waypoint_bound(
+                        store,
+                        &we.namespace,
+                        &we.labels,
+                        reads,
+                    );
                     desired(we.generation, condition)
                 }),
             ),
@@ -175,7 +178,11 @@ impl Index {
                 store
                     .workload_entries
                     .get(k)
-                    .map(|we| workload_resource(entry::workload_entry(settings, store, we, reads)))
+                    .map(|we| {
+                        workload_resource(workload_entry::workload_entry(
+                            settings, store, we, reads,
+                        ))
+                    })
                     .into_iter()
                     .collect(),
             ),
@@ -183,7 +190,7 @@ impl Index {
                 store
                     .service_entries
                     .get(k)
-                    .map(|se| entry::service_entry_workloads(settings, store, se, reads))
+                    .map(|se| workload_entry::service_entry_workloads(settings, store, se, reads))
                     .unwrap_or_default()
                     .into_values()
                     .map(workload_resource)

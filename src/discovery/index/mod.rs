@@ -24,7 +24,7 @@ use crate::discovery::names::{TypeKind, pod_uid};
 use crate::discovery::snapshot::alias::{Aliases, Networks};
 use crate::discovery::snapshot::links::workload_links;
 use crate::discovery::snapshot::{
-    Changes, HISTORY, MIN_HISTORY_NAMES, Name, Names, PersistentMap, Resource, ResourceMap,
+    Changes, HISTORY, MIN_HISTORY_NAMES, Name, NameSet, PersistentMap, Resource, ResourceMap,
     Snapshot, aliases_in,
 };
 use crate::discovery::store::Store;
@@ -63,8 +63,8 @@ pub struct Index {
     aliases: Aliases,
     /// The networks the alias keys refer to.
     networks: Networks,
-    members: PersistentMap<Name, Names>,
-    by_node: PersistentMap<Name, Names>,
+    members: PersistentMap<Name, NameSet>,
+    by_node: PersistentMap<Name, NameSet>,
     /// Resource names each target produced last time, sorted (most targets produce one: a
     /// boxed slice, where a `BTreeSet` would allocate a node of eleven). Pods have no entry
     /// here nor in `owners`: a pod's only resource is named from its key.
@@ -517,7 +517,7 @@ impl Index {
                 // The index holds `key` under exactly the old resource's aliases: if it holds
                 // it under each new one and they are as many, they are the same (a pod turning
                 // ready). Likewise for its services and node.
-                let holds = |names: Option<&Names>| {
+                let holds = |names: Option<&NameSet>| {
                     names.is_some_and(|names| names.binary_search(key).is_ok())
                 };
                 aliases_kept = old.alias_count == new.alias_count
@@ -576,7 +576,7 @@ impl Index {
 /// Adds `name` to the sorted names at `key` (made by `own` if the map has no such key yet).
 /// A name already there copies nothing.
 fn add_name<K, Q>(
-    map: &mut PersistentMap<K, Names>,
+    map: &mut PersistentMap<K, NameSet>,
     key: &Q,
     own: impl FnOnce(&Q) -> K,
     name: &Name,
@@ -585,7 +585,7 @@ fn add_name<K, Q>(
     Q: Hash + Ord + ?Sized,
 {
     let Some(names) = map.get(key) else {
-        map.insert(own(key), Names::One(name.clone()));
+        map.insert(own(key), NameSet::One(name.clone()));
         return;
     };
     if let Err(at) = names.binary_search(name)
@@ -597,7 +597,7 @@ fn add_name<K, Q>(
 
 /// Removes `name` from the names at `key`, and the key with its last name.
 fn remove_name<K: Hash + Ord + Clone + Borrow<Q>, Q: Hash + Ord + ?Sized>(
-    map: &mut PersistentMap<K, Names>,
+    map: &mut PersistentMap<K, NameSet>,
     key: &Q,
     name: &str,
 ) {

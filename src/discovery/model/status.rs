@@ -1,6 +1,6 @@
 //! The status conditions ambientd writes, as data: which condition on which object, and what
-//! it should say. Conversion (`convert::status`, `convert::authorization`) decides them; the
-//! snapshot carries them; the writer in `src/kube/status.rs` patches them.
+//! it should say. Conversion (`convert::conditions`, `convert::authorization`) decides them; the
+//! snapshot carries them; the writer in `src/kube/status_writer.rs` patches them.
 
 use crate::discovery::model::kinds::Key;
 

@@ -15,8 +15,9 @@ use std::net::IpAddr;
 use prost::Message;
 
 use crate::discovery::names::ip_from_bytes;
-use crate::discovery::snapshot::resource::Name;
-use crate::discovery::snapshot::{Names, PersistentMap};
+use crate::discovery::snapshot::name::Name;
+use crate::discovery::snapshot::name::NameSet;
+use crate::discovery::trie::HashTrie;
 
 /// A `network/ip` key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -76,20 +77,20 @@ impl Networks {
 }
 
 /// `network/ip` -> the names of the resources with that address. Nearly every address has one
-/// name (a pod's IP), kept as the name alone: a trie slot of 40 bytes where a [`Names`] made it
+/// name (a pod's IP), kept as the name alone: a trie slot of 40 bytes where a [`NameSet`] made it
 /// 48. The few addresses with several (a VIP shared by services, pods on the host network) are
 /// in a map of their own.
 #[derive(Clone, Debug, Default)]
 pub struct Aliases {
-    one: PersistentMap<Alias, Name>,
-    many: PersistentMap<Alias, Names>,
+    one: HashTrie<Alias, Name>,
+    many: HashTrie<Alias, NameSet>,
 }
 
 impl Aliases {
     /// The names at `alias`, sorted.
-    pub fn get(&self, alias: &Alias) -> Option<Names> {
+    pub fn get(&self, alias: &Alias) -> Option<NameSet> {
         match self.one.get(alias) {
-            Some(name) => Some(Names::One(name.clone())),
+            Some(name) => Some(NameSet::One(name.clone())),
             None => self.many.get(alias).cloned(),
         }
     }
@@ -121,7 +122,7 @@ impl Aliases {
             }
             Some(one) if one == name => {}
             Some(one) => {
-                let mut names = Names::One(one.clone());
+                let mut names = NameSet::One(one.clone());
                 let at = usize::from(one < name);
                 names.insert(at, name.clone());
                 self.one.remove(alias);
@@ -146,7 +147,7 @@ impl Aliases {
             return;
         };
         names.remove(at);
-        if let Names::One(last) = names {
+        if let NameSet::One(last) = names {
             let last = last.clone();
             self.many.remove(alias);
             self.one.insert(*alias, last);
@@ -154,8 +155,8 @@ impl Aliases {
     }
 
     /// Every alias with its names (in no particular order).
-    pub fn iter(&self) -> impl Iterator<Item = (&Alias, Names)> {
-        let one = self.one.iter().map(|(a, n)| (a, Names::One(n.clone())));
+    pub fn iter(&self) -> impl Iterator<Item = (&Alias, NameSet)> {
+        let one = self.one.iter().map(|(a, n)| (a, NameSet::One(n.clone())));
         one.chain(self.many.iter().map(|(a, names)| (a, names.clone())))
     }
 
@@ -269,7 +270,7 @@ mod tests {
         aliases.add(&a, &y);
         aliases.add(&a, &y);
         assert_eq!((aliases.one.len(), aliases.many.len()), (1, 0));
-        assert_eq!(aliases.get(&a), Some(Names::One(y.clone())));
+        assert_eq!(aliases.get(&a), Some(NameSet::One(y.clone())));
         aliases.add(&a, &x);
         aliases.add(&a, &z);
         assert_eq!((aliases.one.len(), aliases.many.len()), (0, 1));
@@ -281,7 +282,7 @@ mod tests {
         assert_eq!(aliases.len(), 1);
         aliases.remove(&a, "x");
         assert_eq!((aliases.one.len(), aliases.many.len()), (1, 0));
-        assert_eq!(aliases.get(&a), Some(Names::One(z)));
+        assert_eq!(aliases.get(&a), Some(NameSet::One(z)));
         assert!(aliases.holds(&a, "z"));
         aliases.remove(&a, "z");
         assert!(aliases.is_empty() && aliases.get(&a).is_none());

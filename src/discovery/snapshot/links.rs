@@ -11,7 +11,7 @@ use prost::Message;
 use prost::encoding::{WireType, decode_key, decode_varint};
 
 use crate::discovery::names::{ip_from_bytes, network_address_key, service_key};
-use crate::discovery::snapshot::resource::Name;
+use crate::discovery::snapshot::name::Name;
 use crate::pb::istio::workload::GatewayAddress;
 use crate::pb::istio::workload::gateway_address::Destination;
 

@@ -12,6 +12,7 @@ use crate::discovery::model::uid::Uid;
 use crate::discovery::names::TypeKind;
 use crate::discovery::snapshot::alias::{Alias, Networks, addresses_of};
 use crate::discovery::snapshot::links::waypoint_of;
+use crate::discovery::snapshot::name::Name;
 use crate::pb::google::protobuf::Any;
 
 /// A resource's version: the xxhash64 of its encoded value. Kept as the number (8 bytes, no
@@ -56,12 +57,6 @@ impl std::fmt::Display for Version {
         write!(f, "{:x}", self.0)
     }
 }
-
-/// A resource name. One allocation shared by the resource, its map key, the alias, member and
-/// node indexes and the change history, where `String`s would store a workload's uid five times.
-/// An `ArcStr` keeps the length in the allocation, so each of those holders is a thin 8-byte
-/// pointer (an `Arc<str>` is 16): about 30 B per pod in a 100k-pod mesh.
-pub type Name = arcstr::ArcStr;
 
 /// One xDS resource, encoded once and shared by every connection that sends it.
 ///

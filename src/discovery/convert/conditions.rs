@@ -5,7 +5,7 @@
 //! This module only says *what* each object's condition should be. The index keeps the result
 //! per object in its snapshot ([`crate::discovery::Snapshot::statuses`]), recomputed with the
 //! object's resources, so a waypoint change re-evaluates exactly the objects bound to it. The
-//! writer (`src/kube/status.rs`) compares it with what the object carries and patches only the
+//! writer (`src/kube/status_writer.rs`) compares it with what the object carries and patches only the
 //! differences; it adds `observedGeneration` and `lastTransitionTime`.
 
 use crate::discovery::convert::service::{INGRESS_USE_WAYPOINT, parse_bool};

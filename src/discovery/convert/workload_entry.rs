@@ -268,7 +268,7 @@ mod tests {
         assert_eq!(w.waypoint, None, "a waypoint's own entry uses none");
         assert_eq!(w.application_tunnel, proxy_tunnel());
         let bound = |labels: &Labels| {
-            crate::discovery::convert::status::workload_waypoint_bound(
+            crate::discovery::convert::conditions::workload_waypoint_bound(
                 &store,
                 "demo",
                 labels,
