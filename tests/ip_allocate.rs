@@ -123,7 +123,7 @@ fn allocated(fake: &FakeApiServer, name: &str) -> Vec<String> {
 /// The addresses of Service `ns/<host>` in `snapshot`, `None` when it is not there.
 fn service_addresses(snapshot: &Snapshot, host: &str) -> Option<Vec<IpAddr>> {
     let resource = snapshot.addresses.get(format!("ns/{host}").as_str())?;
-    let address = Address::decode(resource.value().as_ref()).expect("Address");
+    let address = Address::decode(resource.value()).expect("Address");
     let Some(address::Type::Service(service)) = address.r#type else {
         panic!("ns/{host} is not a service");
     };

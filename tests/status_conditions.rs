@@ -408,7 +408,7 @@ fn dry_run_policies_are_sent_marked_only_when_enabled() {
         let sent = snapshot
             .authorizations
             .get("demo/p")
-            .map(|r| Authorization::decode(&r.value()[..]).unwrap());
+            .map(|r| Authorization::decode(r.value()).unwrap());
         let listed = workload(&mut index, &uid(NS, "web")).authorization_policies;
         let status = condition(
             &mut index,

@@ -72,7 +72,7 @@ fn index(auto_allow: bool, objects: Vec<Object>) -> Index {
 fn authorization(index: &mut Index, name: &str) -> Option<Authorization> {
     let snapshot = index.snapshot();
     let resource = snapshot.authorizations.get(name)?;
-    Some(Authorization::decode(&resource.value()[..]).expect("decode Authorization"))
+    Some(Authorization::decode(resource.value()).expect("decode Authorization"))
 }
 
 fn references(index: &mut Index, pod: &str) -> Vec<String> {

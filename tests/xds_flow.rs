@@ -162,7 +162,7 @@ fn snapshot_revision(running: &ambientd::app::Running, uid: &str) -> Option<Stri
         .resources(ambientd::discovery::names::TypeKind::Address)
         .get(uid)?
         .clone();
-    let address = ambientd::pb::workload::Address::decode(&resource.value()[..]).ok()?;
+    let address = ambientd::pb::workload::Address::decode(resource.value()).ok()?;
     Some(workload(&address).canonical_revision.clone())
 }
 

@@ -246,12 +246,12 @@ pub(super) fn messages(snapshot: &Snapshot) -> (Vec<Address>, Vec<Authorization>
     let addresses = snapshot
         .addresses
         .values()
-        .map(|r| Address::decode(&r.value()[..]).expect("Address"))
+        .map(|r| Address::decode(r.value()).expect("Address"))
         .collect();
     let authorizations = snapshot
         .authorizations
         .values()
-        .map(|r| Authorization::decode(&r.value()[..]).expect("Authorization"))
+        .map(|r| Authorization::decode(r.value()).expect("Authorization"))
         .collect();
     (addresses, authorizations)
 }

@@ -168,7 +168,7 @@ pub(super) fn t3(o: &Opts) {
                 let name = changes.addresses.upserted.iter().next().expect("name");
                 let resource = snapshot.addresses.get(name).expect("resource");
                 sizes_seen.push(resource.value_len() as f64);
-                let message = Address::decode(&resource.value()[..]).expect("Address");
+                let message = Address::decode(resource.value()).expect("Address");
                 let t = Instant::now();
                 std::hint::black_box(message.encode_to_vec());
                 encode_times.push(t.elapsed().as_secs_f64() * 1e6);

@@ -197,7 +197,7 @@ fn pod_row(resource: &crate::discovery::Resource) -> Option<Row> {
     if resource.is_service() || !resource.name.contains("//Pod/") {
         return None;
     }
-    let address = Address::decode(&resource.value()[..]).ok()?;
+    let address = Address::decode(resource.value()).ok()?;
     let Some(address::Type::Workload(workload)) = address.r#type else {
         return None;
     };

@@ -46,7 +46,7 @@ fn workloads(snapshot: &Snapshot) -> impl Iterator<Item = Workload> + '_ {
         .addresses
         .values()
         .filter(|r| !r.is_service())
-        .filter_map(|r| match Address::decode(&r.value()[..]).ok()?.r#type {
+        .filter_map(|r| match Address::decode(r.value()).ok()?.r#type {
             Some(address::Type::Workload(w)) => Some(w),
             _ => None,
         })
@@ -62,7 +62,7 @@ fn services(snapshot: &Snapshot) -> impl Iterator<Item = Service> + '_ {
         .addresses
         .values()
         .filter(|r| r.is_service())
-        .filter_map(|r| match Address::decode(&r.value()[..]).ok()?.r#type {
+        .filter_map(|r| match Address::decode(r.value()).ok()?.r#type {
             Some(address::Type::Service(s)) => Some(s),
             _ => None,
         })
@@ -244,7 +244,7 @@ pub async fn authorize(State(state): State<DebugState>, Query(q): Query<ExplainQ
     let policies: Vec<Authorization> = snapshot
         .authorizations
         .values()
-        .filter_map(|r| Authorization::decode(&r.value()[..]).ok())
+        .filter_map(|r| Authorization::decode(r.value()).ok())
         .collect();
     let source_json = |identity: &Option<Identity>, ip: IpAddr| {
         json!({

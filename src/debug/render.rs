@@ -223,7 +223,7 @@ pub fn authorization(a: &Authorization) -> Value {
 
 /// A decoded Address resource (workload or service) as JSON.
 pub fn address(resource: &Resource) -> Value {
-    match Address::decode(&resource.value()[..]).map(|a| a.r#type) {
+    match Address::decode(resource.value()).map(|a| a.r#type) {
         Ok(Some(address::Type::Workload(w))) => workload(&w),
         Ok(Some(address::Type::Service(s))) => service(&s),
         Ok(None) => json!({}),
@@ -234,7 +234,7 @@ pub fn address(resource: &Resource) -> Value {
 /// A decoded resource of either type as JSON.
 pub fn resource(resource: &Resource) -> Value {
     if resource.kind == TypeKind::Authorization {
-        match Authorization::decode(&resource.value()[..]) {
+        match Authorization::decode(resource.value()) {
             Ok(a) => authorization(&a),
             Err(e) => json!({"error": e.to_string()}),
         }
@@ -250,14 +250,14 @@ pub fn any(resource: &Resource) -> Value {
     let mut map = Map::new();
     map.insert("@type".into(), json!(resource.kind.type_url()));
     if resource.kind == TypeKind::Authorization {
-        match Authorization::decode(&resource.value()[..]) {
+        match Authorization::decode(resource.value()) {
             Ok(a) => map.extend(obj(authorization(&a))),
             Err(e) => {
                 map.insert("error".into(), json!(e.to_string()));
             }
         }
     } else {
-        match Address::decode(&resource.value()[..]).map(|a| a.r#type) {
+        match Address::decode(resource.value()).map(|a| a.r#type) {
             Ok(Some(address::Type::Workload(w))) => {
                 map.insert("workload".into(), workload(&w));
             }

@@ -127,7 +127,7 @@ impl DebugXds {
             .flat_map(|kind| views::held(&connection, kind, latest.as_deref()))
             .map(|(_, resource)| Any {
                 type_url: resource.kind.type_url().to_string(),
-                value: bytes::Bytes::copy_from_slice(&resource.value()),
+                value: bytes::Bytes::copy_from_slice(resource.value()),
             })
             .collect())
     }

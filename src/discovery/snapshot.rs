@@ -16,9 +16,7 @@ use crate::discovery::model::status::PolicyStatus;
 use crate::discovery::model::status::{DesiredStatus, StatusTarget};
 use crate::discovery::names::TypeKind;
 use crate::discovery::snapshot::alias::{Aliases, Networks};
-use crate::discovery::snapshot::links::{waypoint_of, workload_links};
 pub use crate::discovery::snapshot::name::{Name, NameSet};
-pub(crate) use crate::discovery::snapshot::resource::aliases_in;
 pub use crate::discovery::snapshot::resource::{Resource, Version};
 
 /// Names touched by one or more index steps, for one type.
@@ -370,9 +368,8 @@ impl Snapshot {
                 continue;
             };
             names.insert(uid.to_string());
-            let value = workload.value();
-            waypoints.extend(waypoint_of(&value));
-            for service in workload_links(&value).services {
+            waypoints.extend(workload.waypoint());
+            for service in workload.links().services.iter() {
                 if let Some(resource) = self.addresses.get(service) {
                     names.insert(service.to_string());
                     waypoints.extend(resource.waypoint());

@@ -521,7 +521,7 @@ fn decode_address(resource: &ambientd::discovery::Resource) -> Result<Addr, Stri
     if resource.type_url() != ADDRESS_TYPE {
         return Err(format!("type_url {:?}", resource.type_url()));
     }
-    let message = Address::decode(&resource.value()[..]).map_err(|e| e.to_string())?;
+    let message = Address::decode(resource.value()).map_err(|e| e.to_string())?;
     match message.r#type {
         Some(address::Type::Workload(w)) => Ok(Addr::Workload(Box::new(w))),
         Some(address::Type::Service(s)) => Ok(Addr::Service(Box::new(s))),
@@ -572,7 +572,7 @@ impl View {
                 ));
                 continue;
             }
-            match Authorization::decode(&resource.value()[..]) {
+            match Authorization::decode(resource.value()) {
                 Ok(a) => {
                     if format!("{}/{}", a.namespace, a.name) != **name {
                         view.problems.push(format!(

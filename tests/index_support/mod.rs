@@ -147,7 +147,7 @@ pub fn index_of(objects: impl IntoIterator<Item = Object>) -> Index {
 
 pub fn decode(snapshot: &Snapshot, name: &str) -> Option<address::Type> {
     let resource = snapshot.addresses.get(name)?;
-    let message = Address::decode(&resource.value()[..]).expect("decode Address");
+    let message = Address::decode(resource.value()).expect("decode Address");
     Some(message.r#type.expect("Address without a type"))
 }
 

@@ -265,7 +265,7 @@ fn workload_resource(w: wl::Workload) -> Resource {
     let message = Address {
         r#type: Some(address::Type::Workload(w)),
     };
-    Resource::encode(TypeKind::Address, name, &message)
+    Resource::address(name, &message)
 }
 
 fn service_resource(s: wl::Service) -> Resource {
@@ -273,5 +273,5 @@ fn service_resource(s: wl::Service) -> Resource {
     let message = Address {
         r#type: Some(address::Type::Service(s)),
     };
-    Resource::encode(TypeKind::Address, name, &message).service()
+    Resource::address(name, &message)
 }

@@ -21,11 +21,12 @@ use crate::discovery::model::status::{DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::model::visibility::ServiceEntryVisibility;
 use crate::discovery::model::{Event, Kind, Object, ObjectRef};
 use crate::discovery::names::{TypeKind, pod_uid};
+use crate::discovery::snapshot::alias::aliases_of;
 use crate::discovery::snapshot::alias::{Aliases, Networks};
-use crate::discovery::snapshot::links::workload_links;
+use crate::discovery::snapshot::links::Links;
 use crate::discovery::snapshot::{
     Changes, HISTORY, MIN_HISTORY_NAMES, Name, NameSet, PersistentMap, Resource, ResourceMap,
-    Snapshot, aliases_in,
+    Snapshot,
 };
 use crate::discovery::store::Store;
 
@@ -474,102 +475,67 @@ impl Index {
             if let (Some((key, old)), Some(mut new)) = (&old, new)
                 && old.pod_uid() != new.pod_uid()
             {
-                // The indexes keep the old resource's name and counts.
                 new.name = key.clone();
-                new.alias_count = old.alias_count;
-                let (services, node) = old.member_counts();
-                new.set_member_counts(usize::from(services), node);
                 self.addresses.insert(key.clone(), Arc::new(new));
             }
             return;
         }
-        let changes = changes.of_mut(TypeKind::Address);
-        let Some(mut new) = new else {
-            if let Some((key, old)) = old {
-                self.service_count -= usize::from(old.is_service());
-                let value = old.value();
-                for alias in aliases_in(&value, &mut self.networks) {
-                    self.aliases.remove(&alias, &key);
-                }
-                let links = workload_links(&value);
-                for svc in links.services {
-                    remove_name(&mut self.members, svc, &key);
-                }
-                if let Some(node) = links.node {
-                    remove_name(&mut self.by_node, node, &key);
-                }
-                self.addresses.remove(&key);
-                changes.remove(&key);
-            }
+        // The index keeps the name it first stored (one allocation shared by every index).
+        let Some(key) = old
+            .as_ref()
+            .map(|(key, _)| key.clone())
+            .or_else(|| new.as_ref().map(|r| r.name.clone()))
+        else {
             return;
         };
-        // Only the entries that differ from the old resource's touch the indexes (a pod turning
-        // ready changes none), and the old value is read only if some may differ.
-        let value = new.value().into_owned();
-        let aliases = aliases_in(&value, &mut self.networks);
-        let links = workload_links(&value);
-        new.alias_count = u8::try_from(aliases.len()).unwrap_or(Resource::MANY);
-        new.set_member_counts(links.services.len(), links.node.is_some());
-        let (mut aliases_kept, mut links_kept) = (false, false);
-        let key = match &old {
-            Some((key, old)) => {
-                self.service_count -= usize::from(old.is_service());
-                // The index holds `key` under exactly the old resource's aliases: if it holds
-                // it under each new one and they are as many, they are the same (a pod turning
-                // ready). Likewise for its services and node.
-                let holds = |names: Option<&NameSet>| {
-                    names.is_some_and(|names| names.binary_search(key).is_ok())
-                };
-                aliases_kept = old.alias_count == new.alias_count
-                    && new.alias_count < Resource::MANY
-                    && aliases.iter().all(|a| self.aliases.holds(a, key));
-                links_kept = old.member_counts() == new.member_counts()
-                    && links.services.len() < usize::from(u16::MAX)
-                    && links.services.iter().all(|s| holds(self.members.get(*s)))
-                    && links.node.is_none_or(|n| holds(self.by_node.get(n)));
-                if !(aliases_kept && links_kept) {
-                    let old_value = old.value();
-                    if !aliases_kept {
-                        for alias in aliases_in(&old_value, &mut self.networks) {
-                            if !aliases.contains(&alias) {
-                                self.aliases.remove(&alias, key);
-                            }
-                        }
-                    }
-                    if !links_kept {
-                        let old_links = workload_links(&old_value);
-                        for svc in old_links.services {
-                            if !links.services.contains(&svc) {
-                                remove_name(&mut self.members, svc, key);
-                            }
-                        }
-                        if let Some(node) = old_links.node.filter(|n| links.node != Some(n)) {
-                            remove_name(&mut self.by_node, node, key);
-                        }
-                    }
-                }
-                key.clone()
+        let none = Links::default();
+        let before = old.as_ref().map_or(&none, |(_, r)| r.links());
+        let after = new.as_ref().map_or(&none, |r| r.links());
+        // Only the entries that differ touch the indexes (a pod turning ready changes none).
+        if before.addresses != after.addresses {
+            let removed = aliases_of(before, &mut self.networks);
+            let added = aliases_of(after, &mut self.networks);
+            for alias in removed.iter().filter(|a| !added.contains(a)) {
+                self.aliases.remove(alias, &key);
             }
-            None => new.name.clone(),
-        };
-        new.name = key.clone();
-        self.service_count += usize::from(new.is_service());
-        // An entry the name already has is left as it is.
-        if !aliases_kept {
-            for alias in &aliases {
+            for alias in &added {
                 self.aliases.add(alias, &key);
             }
         }
-        if !links_kept {
-            for svc in links.services {
-                add_name(&mut self.members, svc, |s| Name::from(s), &key);
+        if before.services != after.services {
+            for service in before
+                .services
+                .iter()
+                .filter(|s| !after.services.contains(s))
+            {
+                remove_name(&mut self.members, service, &key);
             }
-            if let Some(node) = links.node {
-                add_name(&mut self.by_node, node, |n| Name::from(n), &key);
+            for service in after.services.iter() {
+                add_name(&mut self.members, service, Name::clone, &key);
             }
         }
-        self.addresses.insert(key.clone(), Arc::new(new));
-        changes.upsert(&key);
+        if before.node != after.node {
+            if let Some(node) = &before.node {
+                remove_name(&mut self.by_node, node, &key);
+            }
+            if let Some(node) = &after.node {
+                add_name(&mut self.by_node, node, Name::clone, &key);
+            }
+        }
+        self.service_count =
+            self.service_count + usize::from(after.is_service) - usize::from(before.is_service);
+        let changes = changes.of_mut(TypeKind::Address);
+        match new {
+            Some(mut new) => {
+                new.name = key.clone();
+                self.addresses.insert(key.clone(), Arc::new(new));
+                changes.upsert(&key);
+            }
+            None => {
+                self.addresses.remove(&key);
+                changes.remove(&key);
+            }
+        }
     }
 }
 

@@ -3,8 +3,8 @@
 //! Every address of every workload and service is an alias (`/10.0.0.5` on the default
 //! network), so at 100k pods text keys would be 100k strings: a 32-byte block each, plus a
 //! link in each resource to find them again. An `Alias` is the network's index in a small table and
-//! the IP, inline in the map's slot; a resource's aliases are read back from its encoded value
-//! when it changes ([`addresses_of`]), so it keeps no copy.
+//! the IP, inline in the map's slot; a resource's aliases come from its
+//! [`Links`](crate::discovery::snapshot::links::Links) ([`aliases_of`]).
 //!
 //! A service's CIDR address (a ServiceEntry's `10.1.0.0/16`) is keyed by its IP alone, as
 //! istiod's address index keys it (`networkAddressFromService`): `net/10.1.0.0` finds it, and
@@ -12,9 +12,7 @@
 
 use std::net::IpAddr;
 
-use prost::Message;
-
-use crate::discovery::names::ip_from_bytes;
+use crate::discovery::snapshot::links::Links;
 use crate::discovery::snapshot::name::Name;
 use crate::discovery::snapshot::name::NameSet;
 use crate::discovery::trie::HashTrie;
@@ -169,74 +167,22 @@ impl Aliases {
     }
 }
 
-/// The addresses of an encoded `istio.workload.Address`: `(network, ip)` for each of a
-/// workload's `addresses` (on its `network`) or a service's (a CIDR's length is not read).
-/// Reads only those fields (prost skips the rest), so it costs a fraction of decoding the
-/// message.
-pub(crate) fn addresses_of(value: &[u8]) -> Vec<(String, IpAddr)> {
-    let Ok(address) = AddressIps::decode(value) else {
-        return Vec::new();
-    };
-    match address.kind {
-        Some(Ips::Workload(w)) => w
-            .addresses
-            .iter()
-            .filter_map(|raw| ip_from_bytes(raw))
-            .map(|ip| (w.network.clone(), ip))
-            .collect(),
-        Some(Ips::Service(s)) => s
-            .addresses
-            .into_iter()
-            .filter_map(|a| Some((a.network, ip_from_bytes(&a.address)?)))
-            .collect(),
-        None => Vec::new(),
-    }
-}
-
-// The fields `addresses_of` reads, by their numbers in proto/workload.proto (`Address`,
-// `Workload`, `Service`, `NetworkAddress`).
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct AddressIps {
-    #[prost(oneof = "Ips", tags = "1, 2")]
-    kind: Option<Ips>,
-}
-
-#[derive(Clone, PartialEq, prost::Oneof)]
-enum Ips {
-    #[prost(message, tag = "1")]
-    Workload(WorkloadIps),
-    #[prost(message, tag = "2")]
-    Service(ServiceIps),
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct WorkloadIps {
-    #[prost(bytes = "vec", repeated, tag = "3")]
-    addresses: Vec<Vec<u8>>,
-    #[prost(string, tag = "4")]
-    network: String,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct ServiceIps {
-    #[prost(message, repeated, tag = "4")]
-    addresses: Vec<NetworkAddressIp>,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct NetworkAddressIp {
-    #[prost(string, tag = "1")]
-    network: String,
-    #[prost(bytes = "vec", tag = "2")]
-    address: Vec<u8>,
+/// The sorted, unique `network/ip` aliases of an Address's links (with `networks` taking in
+/// any network it has not seen).
+pub(crate) fn aliases_of(links: &Links, networks: &mut Networks) -> Vec<Alias> {
+    let mut aliases: Vec<Alias> = links
+        .addresses
+        .iter()
+        .map(|(network, ip)| networks.alias(network, *ip))
+        .collect();
+    aliases.sort_unstable();
+    aliases.dedup();
+    aliases
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::discovery::names::ip_bytes;
-    use crate::pb::istio::workload::{self as wl, address};
 
     #[test]
     fn keys_read_back_as_written_and_unknown_networks_name_nothing() {
@@ -289,53 +235,20 @@ mod tests {
     }
 
     #[test]
-    fn addresses_are_read_from_workloads_and_services() {
-        let workload = wl::Address {
-            r#type: Some(address::Type::Workload(wl::Workload {
-                uid: "c//Pod/ns/a".into(),
-                name: "a".into(),
-                network: "net1".into(),
-                addresses: vec![
-                    ip_bytes(&"10.0.0.5".parse().unwrap()),
-                    ip_bytes(&"fd00::5".parse().unwrap()),
-                ],
-                ..Default::default()
-            })),
-        };
+    fn aliases_come_from_the_links_sorted_and_unique() {
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        assert_eq!(
-            addresses_of(&workload.encode_to_vec()),
-            vec![
-                ("net1".to_string(), ip("10.0.0.5")),
-                ("net1".to_string(), ip("fd00::5"))
+        let links = Links {
+            addresses: vec![
+                (Name::from("net1"), ip("fd00::5")),
+                (Name::from(""), ip("10.0.0.5")),
             ]
-        );
-        let service = wl::Address {
-            r#type: Some(address::Type::Service(wl::Service {
-                name: "s".into(),
-                hostname: "s.ns.svc.cluster.local".into(),
-                addresses: vec![
-                    wl::NetworkAddress {
-                        network: String::new(),
-                        address: ip_bytes(&ip("10.96.0.1")),
-                        length: None,
-                    },
-                    wl::NetworkAddress {
-                        network: "net2".into(),
-                        address: ip_bytes(&ip("10.1.0.0")),
-                        length: Some(16),
-                    },
-                ],
-                ..Default::default()
-            })),
+            .into(),
+            ..Links::default()
         };
-        assert_eq!(
-            addresses_of(&service.encode_to_vec()),
-            vec![
-                (String::new(), ip("10.96.0.1")),
-                ("net2".to_string(), ip("10.1.0.0"))
-            ]
-        );
-        assert!(addresses_of(b"\xff not protobuf").is_empty());
+        let mut networks = Networks::default();
+        let aliases = aliases_of(&links, &mut networks);
+        let texts: Vec<String> = aliases.iter().map(|a| networks.text(a)).collect();
+        assert_eq!(texts, ["/10.0.0.5", "net1/fd00::5"]);
+        assert!(aliases_of(&Links::default(), &mut networks).is_empty());
     }
 }

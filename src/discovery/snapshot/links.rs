@@ -1,101 +1,76 @@
-//! What the index looks an Address up by besides its name and aliases, read back from its
-//! encoded value: a workload's node and the services in its services map, and the waypoint a
-//! workload or service uses.
-//!
-//! A resource does not also carry these as a slice of shared names, which would cost a block per
-//! workload and 16 bytes in the resource: they are in the value anyway, and the index reads them
-//! only when a workload changes (and then only if they may have changed: see `Index::set_address`)
-//! or for a node-scoped proxy's initial state. Field numbers are those of proto/workload.proto.
+//! [`Links`]: what the index and the snapshot look an Address resource up by besides its name
+//! (its `network/ip` addresses, a workload's node and services, the waypoint it uses), taken
+//! from the message when the resource is built and kept beside its encoded bytes.
 
-use prost::Message;
-use prost::encoding::{WireType, decode_key, decode_varint};
+use std::net::IpAddr;
 
 use crate::discovery::names::{ip_from_bytes, network_address_key, service_key};
 use crate::discovery::snapshot::name::Name;
-use crate::pb::istio::workload::GatewayAddress;
 use crate::pb::istio::workload::gateway_address::Destination;
+use crate::pb::istio::workload::{Address, GatewayAddress, address};
 
-/// `Address.workload`.
-const ADDRESS_WORKLOAD: u32 = 1;
-/// `Workload.node`.
-const WORKLOAD_NODE: u32 = 9;
-/// `Workload.services`: map entries, whose key is field 1.
-const WORKLOAD_SERVICES: u32 = 22;
-const MAP_KEY: u32 = 1;
-
-/// A workload's node and service keys, borrowed from its encoded value.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct WorkloadLinks<'a> {
-    /// `Workload.node`, when set.
-    pub node: Option<&'a str>,
-    /// The keys (`namespace/hostname`) of `Workload.services`, in encoded order.
-    pub services: Vec<&'a str>,
+/// The lookup facts of one Address resource. Empty for other resource types.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Links {
+    /// Its addresses as `(network, ip)`, sorted and unique: a workload's `addresses` on its
+    /// `network`, or a service's addresses (a CIDR by its IP alone, as istiod's address index
+    /// keys it).
+    pub addresses: Box<[(Name, IpAddr)]>,
+    /// A workload's node, when set.
+    pub node: Option<Name>,
+    /// The keys (`namespace/hostname`) of a workload's services map, sorted.
+    pub services: Box<[Name]>,
+    /// The lookup key of the waypoint it uses: `ns/hostname`, or `network/ip`.
+    pub waypoint: Option<Name>,
+    /// The Address holds a Service (else a Workload).
+    pub is_service: bool,
 }
 
-/// The node and service keys of an encoded `Address`; none for a service (or bytes that do not
-/// decode: the index encodes every value itself).
-pub(crate) fn workload_links(value: &[u8]) -> WorkloadLinks<'_> {
-    let mut links = WorkloadLinks::default();
-    let Some((ADDRESS_WORKLOAD, workload)) = LengthDelimited(value).next() else {
-        return links;
-    };
-    for (field, bytes) in LengthDelimited(workload) {
-        match field {
-            WORKLOAD_NODE => links.node = std::str::from_utf8(bytes).ok(),
-            WORKLOAD_SERVICES => {
-                let key = LengthDelimited(bytes).find(|(f, _)| *f == MAP_KEY);
-                let key = key.and_then(|(_, k)| std::str::from_utf8(k).ok());
-                links.services.extend(key);
+impl Links {
+    /// The facts of an Address message.
+    pub fn of(message: &Address) -> Self {
+        match &message.r#type {
+            Some(address::Type::Workload(w)) => {
+                let network = Name::from(w.network.as_str());
+                let mut addresses: Vec<(Name, IpAddr)> = w
+                    .addresses
+                    .iter()
+                    .filter_map(|raw| ip_from_bytes(raw))
+                    .map(|ip| (network.clone(), ip))
+                    .collect();
+                addresses.sort_unstable();
+                addresses.dedup();
+                let mut services: Vec<Name> =
+                    w.services.keys().map(|k| Name::from(k.as_str())).collect();
+                services.sort_unstable();
+                Links {
+                    addresses: addresses.into_boxed_slice(),
+                    node: (!w.node.is_empty()).then(|| Name::from(w.node.as_str())),
+                    services: services.into_boxed_slice(),
+                    waypoint: waypoint_key(w.waypoint.as_ref()),
+                    is_service: false,
+                }
             }
-            _ => {}
+            Some(address::Type::Service(s)) => {
+                let mut addresses: Vec<(Name, IpAddr)> = s
+                    .addresses
+                    .iter()
+                    .filter_map(|a| {
+                        Some((Name::from(a.network.as_str()), ip_from_bytes(&a.address)?))
+                    })
+                    .collect();
+                addresses.sort_unstable();
+                addresses.dedup();
+                Links {
+                    addresses: addresses.into_boxed_slice(),
+                    waypoint: waypoint_key(s.waypoint.as_ref()),
+                    is_service: true,
+                    ..Links::default()
+                }
+            }
+            None => Links::default(),
         }
     }
-    links.node = links.node.filter(|n| !n.is_empty());
-    links
-}
-
-/// The length-delimited fields of a message, in order: `(field number, contents)`. Other
-/// fields are skipped; malformed bytes end it.
-struct LengthDelimited<'a>(&'a [u8]);
-
-impl<'a> Iterator for LengthDelimited<'a> {
-    type Item = (u32, &'a [u8]);
-
-    fn next(&mut self) -> Option<Self::Item> {
-        while !self.0.is_empty() {
-            let (field, wire_type) = decode_key(&mut self.0).ok()?;
-            let skip = match wire_type {
-                WireType::Varint => {
-                    decode_varint(&mut self.0).ok()?;
-                    0
-                }
-                WireType::SixtyFourBit => 8,
-                WireType::ThirtyTwoBit => 4,
-                WireType::LengthDelimited => {
-                    let len = usize::try_from(decode_varint(&mut self.0).ok()?).ok()?;
-                    let (contents, rest) = self.0.split_at_checked(len)?;
-                    self.0 = rest;
-                    return Some((field, contents));
-                }
-                WireType::StartGroup | WireType::EndGroup => {
-                    self.0 = &[];
-                    return None;
-                }
-            };
-            self.0 = self.0.get(skip..)?;
-        }
-        None
-    }
-}
-
-/// The lookup key of the waypoint an encoded `Address` (workload or service) uses:
-/// `ns/hostname`, or `network/ip`.
-pub(crate) fn waypoint_of(value: &[u8]) -> Option<Name> {
-    let waypoint = match AddressWaypoint::decode(value).ok()?.kind? {
-        Uses::Workload(w) => w.waypoint,
-        Uses::Service(s) => s.waypoint,
-    };
-    waypoint_key(waypoint.as_ref())
 }
 
 /// The lookup key of a waypoint address: `ns/hostname`, or `network/ip`.
@@ -107,34 +82,6 @@ fn waypoint_key(waypoint: Option<&GatewayAddress>) -> Option<Name> {
             Some(network_address_key(&a.network, &ip).into())
         }
     }
-}
-
-// The waypoint fields only (`Workload.waypoint` = 8, `Service.waypoint` = 7).
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct AddressWaypoint {
-    #[prost(oneof = "Uses", tags = "1, 2")]
-    kind: Option<Uses>,
-}
-
-#[derive(Clone, PartialEq, prost::Oneof)]
-enum Uses {
-    #[prost(message, tag = "1")]
-    Workload(WorkloadWaypoint),
-    #[prost(message, tag = "2")]
-    Service(ServiceWaypoint),
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct WorkloadWaypoint {
-    #[prost(message, optional, tag = "8")]
-    waypoint: Option<GatewayAddress>,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct ServiceWaypoint {
-    #[prost(message, optional, tag = "7")]
-    waypoint: Option<GatewayAddress>,
 }
 
 #[cfg(test)]
@@ -155,14 +102,20 @@ mod tests {
         })
     }
 
+    fn names(texts: &[&str]) -> Box<[Name]> {
+        texts.iter().map(|t| Name::from(*t)).collect()
+    }
+
     #[test]
-    fn a_workload_value_gives_back_its_node_services_and_waypoint() {
+    fn a_workload_gives_its_addresses_node_services_and_waypoint() {
+        let ip = |t: &str| t.parse::<IpAddr>().unwrap();
         let workload = wl::Address {
             r#type: Some(address::Type::Workload(wl::Workload {
                 uid: "c//Pod/ns/a".into(),
                 name: "a".into(),
+                network: "net1".into(),
+                addresses: vec![ip_bytes(&ip("10.0.0.2")), ip_bytes(&ip("10.0.0.1"))],
                 node: "node-1".into(),
-                status: wl::WorkloadStatus::Unhealthy as i32,
                 waypoint: hostname("ns", "wp.ns.svc.cluster.local"),
                 services: [
                     ("ns/b.ns.svc.cluster.local", PortList::default()),
@@ -174,31 +127,36 @@ mod tests {
                 ..Default::default()
             })),
         };
-        let value = workload.encode_to_vec();
-        let mut links = workload_links(&value);
-        links.services.sort();
         assert_eq!(
-            links,
-            WorkloadLinks {
-                node: Some("node-1"),
-                services: vec!["ns/a.ns.svc.cluster.local", "ns/b.ns.svc.cluster.local"],
+            Links::of(&workload),
+            Links {
+                addresses: vec![
+                    (Name::from("net1"), ip("10.0.0.1")),
+                    (Name::from("net1"), ip("10.0.0.2"))
+                ]
+                .into(),
+                node: Some(Name::from("node-1")),
+                services: names(&["ns/a.ns.svc.cluster.local", "ns/b.ns.svc.cluster.local"]),
+                waypoint: Some(Name::from("ns/wp.ns.svc.cluster.local")),
+                is_service: false,
             }
         );
-        assert_eq!(
-            waypoint_of(&value).as_deref(),
-            Some("ns/wp.ns.svc.cluster.local")
-        );
 
-        // A service: no node nor members; its waypoint by address.
+        // A service: no node nor members; its VIPs; its waypoint by address.
         let service = wl::Address {
             r#type: Some(address::Type::Service(wl::Service {
                 name: "s".into(),
                 namespace: "ns".into(),
                 hostname: "s.ns.svc.cluster.local".into(),
+                addresses: vec![NetworkAddress {
+                    network: String::new(),
+                    address: ip_bytes(&ip("10.96.0.1")),
+                    length: None,
+                }],
                 waypoint: Some(GatewayAddress {
                     destination: Some(Destination::Address(NetworkAddress {
                         network: "net1".into(),
-                        address: ip_bytes(&"10.0.0.9".parse().unwrap()),
+                        address: ip_bytes(&ip("10.0.0.9")),
                         length: None,
                     })),
                     ..Default::default()
@@ -206,20 +164,16 @@ mod tests {
                 ..Default::default()
             })),
         };
-        let value = service.encode_to_vec();
-        assert_eq!(workload_links(&value), WorkloadLinks::default());
-        assert_eq!(waypoint_of(&value).as_deref(), Some("net1/10.0.0.9"));
+        let links = Links::of(&service);
+        assert!(links.is_service);
+        assert_eq!(&*links.addresses, &[(Name::from(""), ip("10.96.0.1"))]);
+        assert_eq!((links.node, &*links.services), (None, &[][..]));
+        assert_eq!(links.waypoint.as_deref(), Some("net1/10.0.0.9"));
 
-        // Nothing to read, or bytes that are not protobuf.
+        // Nothing set.
         let bare = wl::Address {
             r#type: Some(address::Type::Workload(wl::Workload::default())),
         };
-        assert_eq!(
-            workload_links(&bare.encode_to_vec()),
-            WorkloadLinks::default()
-        );
-        assert_eq!(waypoint_of(&bare.encode_to_vec()), None);
-        assert_eq!(workload_links(b"\x0a\xff\xff"), WorkloadLinks::default());
-        assert_eq!(waypoint_of(b"\xff not protobuf"), None);
+        assert_eq!(Links::of(&bare), Links::default());
     }
 }
