@@ -33,7 +33,7 @@ const MAX_WIDTH: usize = 4;
 
 /// `n` as `width` bytes of seven bits, low first: ASCII, so a buffer of numbers and text stays
 /// a `str` (here and in [`crate::discovery::model::pod::Pod`]).
-pub(crate) fn put_seven_bits(out: &mut String, n: usize, width: usize) {
+fn put_seven_bits(out: &mut String, n: usize, width: usize) {
     debug_assert!(n < 1 << (7 * width));
     for i in 0..width {
         out.push(char::from(((n >> (7 * i)) & 0x7f) as u8));
@@ -41,8 +41,8 @@ pub(crate) fn put_seven_bits(out: &mut String, n: usize, width: usize) {
 }
 
 /// Number `i` of a buffer that starts with a width byte `w` followed by numbers that
-/// [`put_seven_bits`] wrote `w` bytes each (a `Labels` and a `Pod` head).
-pub(crate) fn head_number(buf: &[u8], i: usize) -> usize {
+/// [`put_seven_bits`] wrote `w` bytes each (a `Labels` head).
+fn head_number(buf: &[u8], i: usize) -> usize {
     match buf[0] {
         // Nearly every map and pod: one byte each.
         1 => usize::from(buf[1 + i]),

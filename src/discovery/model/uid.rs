@@ -2,9 +2,10 @@
 
 use std::fmt;
 
-/// A Kubernetes `metadata.uid`, borrowed from a [`crate::discovery::model::pod::Pod`] or a resource: the 16 bytes of a UUID
+use compact_str::CompactString;
+
+/// A Kubernetes `metadata.uid`, borrowed from a pod or a resource: the 16 bytes of a UUID
 /// written as the API server writes them (lowercase, `8-4-4-4-12`), or any other text as is.
-/// Stored as bytes, a uid takes 16 B in the pod's table instead of a 56-byte `Arc<str>`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Uid<'a> {
     Uuid([u8; 16]),
@@ -12,31 +13,20 @@ pub enum Uid<'a> {
 }
 
 impl<'a> Uid<'a> {
-    /// Reads `text` as a canonical UUID when it is one (so it formats back to the same text).
+    /// Reads `text` as a UUID when it is one in the API server's form (so it formats back to
+    /// the same text); anything else is text.
     pub fn parse(text: &'a str) -> Self {
-        let b = text.as_bytes();
-        let dashes = [8, 13, 18, 23];
-        if b.len() != 36 || dashes.iter().any(|&i| b[i] != b'-') {
-            return Uid::Text(text);
-        }
-        let digit = |c: u8| match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            _ => None,
-        };
-        let mut nibbles = b
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !dashes.contains(i))
-            .map(|(_, c)| digit(*c));
-        let mut bytes = [0u8; 16];
-        for byte in &mut bytes {
-            match (nibbles.next().flatten(), nibbles.next().flatten()) {
-                (Some(high), Some(low)) => *byte = high << 4 | low,
-                _ => return Uid::Text(text),
+        match uuid::Uuid::try_parse(text) {
+            Ok(uuid)
+                if uuid
+                    .hyphenated()
+                    .encode_lower(&mut uuid::Uuid::encode_buffer())
+                    == text =>
+            {
+                Uid::Uuid(uuid.into_bytes())
             }
+            _ => Uid::Text(text),
         }
-        Uid::Uuid(bytes)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -53,15 +43,38 @@ impl fmt::Display for Uid<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Uid::Text(text) => f.write_str(text),
-            Uid::Uuid(b) => {
-                for (i, byte) in b.iter().enumerate() {
-                    if matches!(i, 4 | 6 | 8 | 10) {
-                        f.write_str("-")?;
-                    }
-                    write!(f, "{byte:02x}")?;
-                }
-                Ok(())
-            }
+            Uid::Uuid(bytes) => fmt::Display::fmt(&uuid::Uuid::from_bytes(*bytes).hyphenated(), f),
+        }
+    }
+}
+
+/// An owned [`Uid`]: a UUID's bytes, or other text (inline up to 24 bytes).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum UidBuf {
+    Uuid([u8; 16]),
+    Text(CompactString),
+}
+
+impl Default for UidBuf {
+    fn default() -> Self {
+        UidBuf::Text(CompactString::default())
+    }
+}
+
+impl UidBuf {
+    pub fn as_uid(&self) -> Uid<'_> {
+        match self {
+            UidBuf::Uuid(bytes) => Uid::Uuid(*bytes),
+            UidBuf::Text(text) => Uid::Text(text),
+        }
+    }
+}
+
+impl From<Uid<'_>> for UidBuf {
+    fn from(uid: Uid<'_>) -> Self {
+        match uid {
+            Uid::Uuid(bytes) => UidBuf::Uuid(bytes),
+            Uid::Text(text) => UidBuf::Text(text.into()),
         }
     }
 }

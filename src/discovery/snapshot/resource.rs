@@ -7,7 +7,7 @@
 use bytes::{BufMut, Bytes};
 use prost::Message;
 
-use crate::discovery::model::uid::Uid;
+use crate::discovery::model::uid::{Uid, UidBuf};
 use crate::discovery::names::TypeKind;
 use crate::discovery::snapshot::links::Links;
 use crate::discovery::snapshot::name::Name;
@@ -71,14 +71,7 @@ pub struct Resource {
     /// What the index looks an Address up by (empty for other types).
     links: Links,
     /// For a pod's workload: the pod's Kubernetes `metadata.uid`. Not sent.
-    pod_uid: Option<PodUid>,
-}
-
-/// A pod's `metadata.uid`, owned: a UUID's 16 bytes, or other text.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum PodUid {
-    Uuid([u8; 16]),
-    Text(Box<str>),
+    pod_uid: Option<UidBuf>,
 }
 
 impl Resource {
@@ -141,19 +134,12 @@ impl Resource {
     /// For a pod's workload: the pod's Kubernetes `metadata.uid` (the CA checks a token's pod
     /// binding against it). Not sent; a pod re-created under its name changes only this.
     pub fn pod_uid(&self) -> Option<Uid<'_>> {
-        match self.pod_uid.as_ref()? {
-            PodUid::Uuid(bytes) => Some(Uid::Uuid(*bytes)),
-            PodUid::Text(text) => Some(Uid::Text(text)),
-        }
+        self.pod_uid.as_ref().map(UidBuf::as_uid)
     }
 
     /// Sets the pod uid (an empty one is none).
     pub fn set_pod_uid(&mut self, uid: Uid<'_>) {
-        self.pod_uid = match uid {
-            Uid::Uuid(bytes) => Some(PodUid::Uuid(bytes)),
-            Uid::Text("") => None,
-            Uid::Text(text) => Some(PodUid::Text(text.into())),
-        };
+        self.pod_uid = (!uid.is_empty()).then(|| UidBuf::from(uid));
     }
 
     /// The `Any`'s type URL.
