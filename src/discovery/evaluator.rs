@@ -1,7 +1,7 @@
 //! ztunnel's L4 authorization decision (istio/ztunnel `src/rbac.rs`), run over the
 //! `istio.security.Authorization` protos ambientd sends.
 //!
-//! Nothing here is on the serving path: it lets tests (and the debug endpoint, later) answer
+//! Nothing here is on the serving path: it lets tests and `/debug/authorize` answer
 //! "would ztunnel let this connection in?" for what the conversion produced, with ztunnel's
 //! own edge cases: a policy with no rules never matches, a Rule with no clauses always does, a
 //! Clause with no matches always does, and a Match left with no field (after ztunnel drops

@@ -46,35 +46,35 @@ pub struct NamespaceMembers {
 
 #[derive(Debug, Default)]
 pub struct Store {
-    pub namespaces: HashMap<String, Namespace>,
-    pub nodes: HashMap<String, Node>,
-    pub pods: Pods,
+    namespaces: HashMap<String, Namespace>,
+    nodes: HashMap<String, Node>,
+    pods: Pods,
     /// Boxed: a table slot is then a pointer, not a `Service`, and the table's empty slots
     /// (up to half of them after it grows) cost 8 bytes each, not 184.
-    pub services: HashMap<Key, Box<Service>>,
-    pub slices: HashMap<Key, EndpointSlice>,
-    pub service_entries: HashMap<Key, ServiceEntry>,
-    pub workload_entries: HashMap<Key, WorkloadEntry>,
-    pub gateway_classes: HashMap<String, GatewayClass>,
-    pub gateways: HashMap<Key, Gateway>,
-    pub policies: HashMap<Key, AuthorizationPolicy>,
-    pub peer_authentications: HashMap<Key, PeerAuthentication>,
+    services: HashMap<Key, Box<Service>>,
+    slices: HashMap<Key, EndpointSlice>,
+    service_entries: HashMap<Key, ServiceEntry>,
+    workload_entries: HashMap<Key, WorkloadEntry>,
+    gateway_classes: HashMap<String, GatewayClass>,
+    gateways: HashMap<Key, Gateway>,
+    policies: HashMap<Key, AuthorizationPolicy>,
+    peer_authentications: HashMap<Key, PeerAuthentication>,
     /// Gateways that are ready waypoints (derived from Gateway + GatewayClass).
-    pub waypoints: HashMap<Key, Waypoint>,
-    pub members: HashMap<String, NamespaceMembers>,
+    waypoints: HashMap<Key, Waypoint>,
+    members: HashMap<String, NamespaceMembers>,
     /// `(ns, service name)` -> slices labelled for it.
-    pub slices_by_service: HashMap<Key, BTreeSet<String>>,
+    slices_by_service: HashMap<Key, BTreeSet<String>>,
     /// Pod -> slices (which may live in another namespace) with an endpoint whose targetRef
     /// names it.
-    pub slices_by_pod: HashMap<Key, BTreeSet<Key>>,
+    slices_by_pod: HashMap<Key, BTreeSet<Key>>,
     /// Hostname -> `(namespace, object)` claiming it.
-    pub hostnames: HashMap<String, SmallSet<(String, ServiceRef)>>,
+    hostnames: HashMap<String, SmallSet<(String, ServiceRef)>>,
     /// namespace -> label key -> value -> Services and ServiceEntries whose selector's first
     /// entry is that label: a workload finds the few candidates that may select it by its own
     /// labels instead of scanning every service in its namespace.
     selectors: HashMap<String, HashMap<String, HashMap<String, SmallSet<ServiceRef>>>>,
     /// meshConfig.serviceEntryVisibility (the index's settings); `None`: not configured.
-    pub visibility: Option<Arc<ServiceEntryVisibility>>,
+    visibility: Option<Arc<ServiceEntryVisibility>>,
     /// Gateway `(namespace, name)` -> service account -> how many pods of that namespace
     /// labelled `gateway.networking.k8s.io/gateway-name: <name>` run as it (the waypoint's
     /// instances, whose identities the implicit waypoint policy allows).
@@ -84,6 +84,101 @@ pub struct Store {
     /// `(kind, namespace, name)` of a policy target -> the AuthorizationPolicies whose
     /// `targetRef(s)` name it (namespace empty for a GatewayClass).
     policy_targets: HashMap<(String, Key), BTreeSet<Key>>,
+}
+
+/// Read access to what the store holds. Writes go through [`Store::insert`],
+/// [`Store::remove`] and the few methods below them that keep the reverse indexes true.
+impl Store {
+    pub fn namespaces(&self) -> &HashMap<String, Namespace> {
+        &self.namespaces
+    }
+
+    pub fn nodes(&self) -> &HashMap<String, Node> {
+        &self.nodes
+    }
+
+    pub fn pods(&self) -> &Pods {
+        &self.pods
+    }
+
+    pub fn services(&self) -> &HashMap<Key, Box<Service>> {
+        &self.services
+    }
+
+    pub fn slices(&self) -> &HashMap<Key, EndpointSlice> {
+        &self.slices
+    }
+
+    pub fn service_entries(&self) -> &HashMap<Key, ServiceEntry> {
+        &self.service_entries
+    }
+
+    pub fn workload_entries(&self) -> &HashMap<Key, WorkloadEntry> {
+        &self.workload_entries
+    }
+
+    pub fn gateway_classes(&self) -> &HashMap<String, GatewayClass> {
+        &self.gateway_classes
+    }
+
+    pub fn gateways(&self) -> &HashMap<Key, Gateway> {
+        &self.gateways
+    }
+
+    pub fn policies(&self) -> &HashMap<Key, AuthorizationPolicy> {
+        &self.policies
+    }
+
+    pub fn peer_authentications(&self) -> &HashMap<Key, PeerAuthentication> {
+        &self.peer_authentications
+    }
+
+    pub fn waypoints(&self) -> &HashMap<Key, Waypoint> {
+        &self.waypoints
+    }
+
+    pub fn namespace_members(&self) -> &HashMap<String, NamespaceMembers> {
+        &self.members
+    }
+
+    pub fn slices_by_service(&self) -> &HashMap<Key, BTreeSet<String>> {
+        &self.slices_by_service
+    }
+
+    pub fn slices_by_pod(&self) -> &HashMap<Key, BTreeSet<Key>> {
+        &self.slices_by_pod
+    }
+
+    pub fn hostnames(&self) -> &HashMap<String, SmallSet<(String, ServiceRef)>> {
+        &self.hostnames
+    }
+
+    pub fn visibility(&self) -> &Option<Arc<ServiceEntryVisibility>> {
+        &self.visibility
+    }
+}
+
+impl Store {
+    /// meshConfig.serviceEntryVisibility changed (`None`: no longer configured).
+    pub fn set_visibility(&mut self, visibility: Option<Arc<ServiceEntryVisibility>>) {
+        self.visibility = visibility;
+    }
+
+    /// Re-derives the waypoint of Gateway `key` (from the Gateway, its class and the local
+    /// `network`); returns whether it changed.
+    pub fn refresh_waypoint(&mut self, key: &Key, network: &str) -> bool {
+        let waypoint = self.gateways.get(key).and_then(|gw| {
+            Waypoint::from_gateway(gw, self.gateway_classes.get(&gw.class_name), network)
+        });
+        if self.waypoints.get(key) == waypoint.as_ref() {
+            return false;
+        }
+        match waypoint {
+            Some(w) => self.waypoints.insert(key.clone(), w),
+            None => self.waypoints.remove(key),
+        };
+        true
+    }
 }
 
 /// How a policy's target is indexed: GatewayClasses are cluster-scoped.

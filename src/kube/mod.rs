@@ -1,6 +1,6 @@
 //! Sources: turn manifests ([`manifests`]) or Kubernetes watches ([`cluster`]) into
 //! [`crate::discovery::Event`]s. [`token_review`] asks the API server about tokens for the CA;
-//! [`status`] writes the index's status conditions back (leader only).
+//! [`status_writer`] writes the index's status conditions back (leader only).
 //!
 //! Writes (cluster mode, see [`writes`]): [`leader`] elects the one replica that writes,
 //! [`ca_secret`] keeps the CA in Secrets, [`root_configmap`] distributes the root bundle.

@@ -1,9 +1,8 @@
 //! A `DeltaDiscoveryResponse` encoded straight from the snapshot's shared resources.
 //!
 //! Each resource's payload is encoded once, when the index builds it ([`Resource::value`]),
-//! and written with [`Resource::write_value`] (a workload's value is stored without the bytes
-//! that repeat its name, and written back whole here). A response is written from those bytes
-//! into one buffer of exactly its size, already framed
+//! and written with [`Resource::write_value`]. A response is written from those bytes into one
+//! buffer of exactly its size, already framed
 //! as a gRPC message: no `DeltaDiscoveryResponse` is built, so a delivery costs no string
 //! clones or allocations per resource, only copies into that buffer. The bytes are what prost
 //! would encode for the same message (tested below), so every decoder reads them as usual.

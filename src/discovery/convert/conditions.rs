@@ -164,7 +164,7 @@ fn policy_binding(
     let (bound, reason, message) = match target.kind.as_str() {
         "Gateway" => {
             reads.push(key.clone());
-            if store.waypoints.contains_key(&key) {
+            if store.waypoints().contains_key(&key) {
                 (true, "Accepted", format!("bound to {named}"))
             } else {
                 (false, "TargetNotFound", "not bound".to_string())
@@ -172,13 +172,13 @@ fn policy_binding(
         }
         "Service" => service_bound(
             "Service",
-            store.services.get(&key).map(|s| &s.labels),
+            store.services().get(&key).map(|s| &s.labels),
             false,
             reads,
         ),
         "ServiceEntry" => service_bound(
             "ServiceEntry",
-            store.service_entries.get(&key).map(|se| &se.labels),
+            store.service_entries().get(&key).map(|se| &se.labels),
             store.entries_namespace_local(namespace),
             reads,
         ),
@@ -190,7 +190,7 @@ fn policy_binding(
                  referencing a GatewayClass"
             ),
         ),
-        "GatewayClass" => match store.gateway_classes.get(&target.name) {
+        "GatewayClass" => match store.gateway_classes().get(&target.name) {
             None => (false, "TargetNotFound", "not bound".to_string()),
             Some(class) if class.controller_name != MESH_CONTROLLER => (
                 false,

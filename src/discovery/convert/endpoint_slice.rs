@@ -30,7 +30,7 @@ pub fn build(
         return out;
     }
     let Some(svc) = store
-        .services
+        .services()
         .get(&(slice.namespace.clone(), service_name.clone()))
         .filter(|svc| !svc.external_name)
     else {

@@ -59,7 +59,7 @@ pub fn services_map(
             // istiod's PILOT_ENABLE_SERVICEENTRY_SELECT_PODS.
             ServiceRef::Entry(_) if is_pod && !settings.service_entry_select_pods => continue,
             ServiceRef::Kube(key) => {
-                let Some(svc) = store.services.get(key) else {
+                let Some(svc) = store.services().get(key) else {
                     continue;
                 };
                 if svc.external_name || !selects(&svc.selector, member.labels()) {
@@ -70,7 +70,7 @@ pub fn services_map(
                 }
             }
             ServiceRef::Entry(key) => {
-                let Some(se) = store.service_entries.get(key) else {
+                let Some(se) = store.service_entries().get(key) else {
                     continue;
                 };
                 let Some(selector) = &se.workload_selector else {
@@ -187,12 +187,12 @@ pub fn se_target(port: &ServiceEntryPort) -> u16 {
 /// pod (kind, namespace, name and uid).
 fn slice_services<'a>(store: &'a Store, pod: &Pod) -> Vec<&'a Service> {
     let key = (pod.namespace().to_string(), pod.name().to_string());
-    let Some(slice_keys) = store.slices_by_pod.get(&key) else {
+    let Some(slice_keys) = store.slices_by_pod().get(&key) else {
         return Vec::new();
     };
     let mut services: HashMap<&str, &Service> = HashMap::new();
     for slice_key in slice_keys {
-        let Some(slice) = store.slices.get(slice_key) else {
+        let Some(slice) = store.slices().get(slice_key) else {
             continue;
         };
         // Membership never crosses namespaces.
@@ -214,7 +214,7 @@ fn slice_services<'a>(store: &'a Store, pod: &Pod) -> Vec<&'a Service> {
             continue;
         }
         if let Some(svc) = store
-            .services
+            .services()
             .get(&(pod.namespace().to_string(), service_name.to_string()))
             .filter(|s| !s.external_name)
         {

@@ -54,7 +54,7 @@ pub fn workload_policies(
 
 /// The Authorization (if ztunnel should see it) and the status of one AuthorizationPolicy.
 pub fn convert(settings: &Settings, store: &Store, key: &Key) -> Option<ConvertedPolicy> {
-    let policy = store.policies.get(key)?;
+    let policy = store.policies().get(key)?;
     Some(authorization::convert_policy_with(
         policy,
         ConvertOptions {
@@ -70,7 +70,7 @@ pub fn converted_peer_policy(
     store: &Store,
     key: &Key,
 ) -> Option<Authorization> {
-    let pa = store.peer_authentications.get(key)?;
+    let pa = store.peer_authentications().get(key)?;
     let root = settings.root_namespace.as_str();
     let in_namespace: Vec<&PeerAuthentication> =
         store.peer_authentications_in(&pa.namespace).collect();
@@ -80,7 +80,8 @@ pub fn converted_peer_policy(
 
 /// The shared "deny plaintext" policy: served iff any PeerAuthentication exists.
 pub fn static_strict(settings: &Settings, store: &Store) -> Option<Authorization> {
-    (!store.peer_authentications.is_empty()).then(|| static_strict_policy(&settings.root_namespace))
+    (!store.peer_authentications().is_empty())
+        .then(|| static_strict_policy(&settings.root_namespace))
 }
 
 /// The name of a waypoint's implicit policy (`_` cannot appear in Kubernetes names).
@@ -152,11 +153,11 @@ pub fn implicit_waypoint_references(
             continue;
         };
         let (labels, local_only) = match store.slot_winner(namespace, hostname) {
-            Some(ServiceRef::Kube(k)) => match store.services.get(&k) {
+            Some(ServiceRef::Kube(k)) => match store.services().get(&k) {
                 Some(svc) => (&svc.labels, false),
                 None => continue,
             },
-            Some(ServiceRef::Entry(k)) => match store.service_entries.get(&k) {
+            Some(ServiceRef::Entry(k)) => match store.service_entries().get(&k) {
                 Some(se) => (&se.labels, store.entries_namespace_local(namespace)),
                 None => continue,
             },
@@ -182,5 +183,5 @@ pub fn implicit_waypoint_references(
 
 /// Whether `waypoint` is a ready waypoint with instance pods (with the flag on).
 fn has_implicit_policy(store: &Store, waypoint: &Key) -> bool {
-    store.waypoints.contains_key(waypoint) && store.waypoint_accounts(waypoint).next().is_some()
+    store.waypoints().contains_key(waypoint) && store.waypoint_accounts(waypoint).next().is_some()
 }

@@ -33,7 +33,10 @@ pub fn build(
         return None;
     }
     let network = store.network(settings);
-    let namespace_annotations = store.namespaces.get(&svc.namespace).map(|n| &n.annotations);
+    let namespace_annotations = store
+        .namespaces()
+        .get(&svc.namespace)
+        .map(|n| &n.annotations);
     let (waypoint, weighted_waypoints, ingress_use_waypoint) = waypoints(
         store,
         &svc.namespace,
@@ -243,7 +246,7 @@ fn canary(
     // namespace its own label names, else the service's. The weight is the Service's
     // annotation, else the Namespace's, else 0 (Istio: "Defaults to 0"); one that is not an
     // integer 0..=100 leaves the primary alone.
-    let ns = store.namespaces.get(namespace);
+    let ns = store.namespaces().get(namespace);
     let from = if labels.get(CANARY_LABEL).is_some() {
         labels
     } else {

@@ -32,7 +32,10 @@ pub fn build(
     let Some(explicit) = parse_addresses(&se.addresses, network) else {
         return Vec::new();
     };
-    let namespace_annotations = store.namespaces.get(&se.namespace).map(|n| &n.annotations);
+    let namespace_annotations = store
+        .namespaces()
+        .get(&se.namespace)
+        .map(|n| &n.annotations);
     let load_balancing = if se.resolution == Resolution::None {
         Some(LoadBalancing {
             routing_preference: Vec::new(),

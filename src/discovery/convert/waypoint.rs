@@ -78,7 +78,7 @@ pub fn workload_binding(
 ) -> (Binding, Option<ApplicationTunnel>) {
     if let Some(gateway) = labels.get(GATEWAY_NAME_LABEL) {
         let key = (namespace.to_string(), gateway.to_string());
-        let instance = store.waypoints.get(&key).map(|w| w.binding);
+        let instance = store.waypoints().get(&key).map(|w| w.binding);
         reads.push(key);
         if let Some(binding) = instance {
             return (Binding::Unbound, binding);
@@ -171,7 +171,7 @@ fn bind_key(
     reads: &mut Vec<Key>,
 ) -> Binding {
     reads.push(key.clone());
-    let Some(waypoint) = store.waypoints.get(key) else {
+    let Some(waypoint) = store.waypoints().get(key) else {
         return Binding::Failed(BindError::NotReady(key.clone()));
     };
     if !waypoint.admits(&key.0, namespace, store.namespace_labels(namespace)) {

@@ -181,7 +181,7 @@ pub fn tunnel_protocol(labels: &Labels, redirection: Option<&str>) -> (TunnelPro
 
 /// Locality from the pod's Node labels; `None` when the node is unknown or has none of them.
 fn node_locality(store: &Store, node_name: &str) -> Option<Locality> {
-    let node = store.nodes.get(node_name)?;
+    let node = store.nodes().get(node_name)?;
     let get = |key: &str| node.labels.get(key).unwrap_or_default().to_string();
     let locality = Locality {
         region: get(REGION_LABEL),

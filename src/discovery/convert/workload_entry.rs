@@ -208,10 +208,8 @@ pub fn service_entry_workloads(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::discovery::model::waypoint::{
-        GATEWAY_NAME_LABEL, INBOUND_BINDING, USE_WAYPOINT, Waypoint,
-    };
-    use crate::discovery::model::{Gateway, GatewayClass, Namespace, Object};
+    use crate::discovery::model::waypoint::{GATEWAY_NAME_LABEL, INBOUND_BINDING, USE_WAYPOINT};
+    use crate::discovery::model::{Gateway, Namespace, Object};
     use crate::pb::workload::{ApplicationTunnel, application_tunnel::Protocol};
 
     /// A store with the ready waypoint `demo/wp` (taking all traffic, inbound binding
@@ -232,10 +230,8 @@ mod tests {
             addresses: vec![("IPAddress".into(), "10.9.0.1".into())],
             ..Default::default()
         };
-        let waypoint = Waypoint::from_gateway(&gw, None::<&GatewayClass>, "").expect("ready");
-        store
-            .waypoints
-            .insert(("demo".into(), "wp".into()), waypoint);
+        store.insert(Object::Gateway(gw), settings);
+        assert!(store.refresh_waypoint(&("demo".into(), "wp".into()), ""));
         store
     }
 

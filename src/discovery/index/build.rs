@@ -28,7 +28,7 @@ impl Index {
         let converted = policies::convert(&self.settings, &self.store, k);
         let waypoint = (
             StatusTarget::new(StatusKind::WaypointPolicy, k),
-            self.store.policies.get(k).map(|p| DesiredStatus {
+            self.store.policies().get(k).map(|p| DesiredStatus {
                 generation: p.generation,
                 condition: conditions::waypoint_policy_accepted(
                     &self.settings.root_namespace,
@@ -43,7 +43,7 @@ impl Index {
             Some(c) => (
                 c.authorization,
                 Some(DesiredStatus {
-                    generation: self.store.policies.get(k).map_or(0, |p| p.generation),
+                    generation: self.store.policies().get(k).map_or(0, |p| p.generation),
                     condition: c.status.map(Box::new),
                 }),
             ),
@@ -80,7 +80,7 @@ impl Index {
         vec![match target {
             Target::KubeService(k) => (
                 StatusTarget::new(StatusKind::Service, k),
-                store.services.get(k).and_then(|svc| {
+                store.services().get(k).and_then(|svc| {
                     // istiod builds nothing for an ExternalName service, so binds nothing.
                     let condition = (!svc.external_name)
                         .then(|| {
@@ -97,7 +97,7 @@ impl Index {
                 }),
             ),
             Target::EntryServices(k) => {
-                let se = store.service_entries.get(k);
+                let se = store.service_entries().get(k);
                 let visibility = (
                     StatusTarget::new(StatusKind::ServiceEntryVisibility, k),
                     se.and_then(|se| {
@@ -129,7 +129,7 @@ impl Index {
             }
             Target::WorkloadEntry(k) => (
                 StatusTarget::new(StatusKind::WorkloadEntry, k),
-                store.workload_entries.get(k).and_then(|we| {
+                store.workload_entries().get(k).and_then(|we| {
                     let condition = conditions::workload_waypoint_bound(
                         store,
                         &we.namespace,
@@ -163,7 +163,7 @@ impl Index {
         match target {
             Target::Pod((namespace, name)) => addresses(
                 store
-                    .pods
+                    .pods()
                     .get(namespace, name)
                     .and_then(|pod| {
                         let mut resource =
@@ -176,7 +176,7 @@ impl Index {
             ),
             Target::WorkloadEntry(k) => addresses(
                 store
-                    .workload_entries
+                    .workload_entries()
                     .get(k)
                     .map(|we| {
                         workload_resource(workload_entry::workload_entry(
@@ -188,7 +188,7 @@ impl Index {
             ),
             Target::EntryWorkloads(k) => addresses(
                 store
-                    .service_entries
+                    .service_entries()
                     .get(k)
                     .map(|se| workload_entry::service_entry_workloads(settings, store, se, reads))
                     .unwrap_or_default()
@@ -198,7 +198,7 @@ impl Index {
             ),
             Target::Slice(k) => addresses(
                 store
-                    .slices
+                    .slices()
                     .get(k)
                     .map(|slice| endpoint_slice::build(settings, store, slice))
                     .unwrap_or_default()
@@ -208,7 +208,7 @@ impl Index {
             ),
             Target::KubeService(k) => addresses(
                 store
-                    .services
+                    .services()
                     .get(k)
                     .and_then(|svc| service::build(settings, store, svc, reads))
                     .map(service_resource)
@@ -217,7 +217,7 @@ impl Index {
             ),
             Target::EntryServices(k) => addresses(
                 store
-                    .service_entries
+                    .service_entries()
                     .get(k)
                     .map(|se| service_entry::build(settings, store, se, reads))
                     .unwrap_or_default()

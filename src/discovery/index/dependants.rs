@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use crate::discovery::index::{Index, Target};
 use crate::discovery::model::Key;
 use crate::discovery::model::network_gateway::NetworkGateway;
-use crate::discovery::model::waypoint::{GATEWAY_NAME_LABEL, Waypoint};
+use crate::discovery::model::waypoint::GATEWAY_NAME_LABEL;
 use crate::discovery::model::{Kind, Object, ObjectRef, selects};
 use crate::discovery::names::service_hostname;
 use crate::discovery::store::{ServiceRef, slice_pods};
@@ -22,11 +22,11 @@ impl Index {
     ) {
         let network_changed = self.store.network(&self.settings) != network_before;
         let gateways: Vec<Key> = match reference.kind {
-            _ if network_changed => self.store.gateways.keys().cloned().collect(),
+            _ if network_changed => self.store.gateways().keys().cloned().collect(),
             Kind::Gateway => vec![(reference.namespace.clone(), reference.name.clone())],
             Kind::GatewayClass => self
                 .store
-                .gateways
+                .gateways()
                 .iter()
                 .filter(|(_, g)| g.class_name == reference.name)
                 .map(|(k, _)| k.clone())
@@ -34,17 +34,10 @@ impl Index {
             _ => Vec::new(),
         };
         for key in gateways {
-            let network = self.store.network(&self.settings);
-            let waypoint = self.store.gateways.get(&key).and_then(|gw| {
-                Waypoint::from_gateway(gw, self.store.gateway_classes.get(&gw.class_name), network)
-            });
-            if self.store.waypoints.get(&key) == waypoint.as_ref() {
+            let network = self.store.network(&self.settings).to_string();
+            if !self.store.refresh_waypoint(&key, &network) {
                 continue;
             }
-            match waypoint {
-                Some(w) => self.store.waypoints.insert(key.clone(), w),
-                None => self.store.waypoints.remove(&key),
-            };
             if let Some(readers) = self.waypoint_readers.get(&key) {
                 targets.extend(readers.iter().cloned());
             }
@@ -57,25 +50,30 @@ impl Index {
     pub(super) fn all_targets(&self) -> Vec<Target> {
         let s = &self.store;
         let mut all: Vec<Target> = Vec::new();
-        all.extend(s.pods.iter().map(pod_target));
-        all.extend(s.services.keys().cloned().map(Target::KubeService));
-        all.extend(s.service_entries.keys().cloned().map(Target::EntryServices));
+        all.extend(s.pods().iter().map(pod_target));
+        all.extend(s.services().keys().cloned().map(Target::KubeService));
         all.extend(
-            s.service_entries
+            s.service_entries()
+                .keys()
+                .cloned()
+                .map(Target::EntryServices),
+        );
+        all.extend(
+            s.service_entries()
                 .keys()
                 .cloned()
                 .map(Target::EntryWorkloads),
         );
         all.extend(
-            s.workload_entries
+            s.workload_entries()
                 .keys()
                 .cloned()
                 .map(Target::WorkloadEntry),
         );
-        all.extend(s.slices.keys().cloned().map(Target::Slice));
-        all.extend(s.policies.keys().cloned().map(Target::Policy));
+        all.extend(s.slices().keys().cloned().map(Target::Slice));
+        all.extend(s.policies().keys().cloned().map(Target::Policy));
         all.extend(
-            s.peer_authentications
+            s.peer_authentications()
                 .keys()
                 .cloned()
                 .map(Target::PeerAuthentication),
@@ -83,7 +81,7 @@ impl Index {
         all.push(Target::StaticStrict);
         all.push(Target::NetworkGateways);
         if self.settings.auto_allow_waypoint_policy {
-            all.extend(s.gateways.keys().cloned().map(Target::WaypointPolicy));
+            all.extend(s.gateways().keys().cloned().map(Target::WaypointPolicy));
         }
         all
     }
@@ -98,7 +96,7 @@ impl Index {
         targets: &mut BTreeSet<Target>,
     ) {
         let namespaces: Vec<String> = if namespace == self.settings.root_namespace {
-            self.store.members.keys().cloned().collect()
+            self.store.namespace_members().keys().cloned().collect()
         } else {
             vec![namespace.to_string()]
         };
@@ -119,7 +117,7 @@ impl Index {
     /// every namespace when it is the root namespace: the ones a policy there may reach.
     pub(super) fn policy_scope(&self, namespace: &str, targets: &mut BTreeSet<Target>) {
         let namespaces: Vec<String> = if namespace == self.settings.root_namespace {
-            self.store.members.keys().cloned().collect()
+            self.store.namespace_members().keys().cloned().collect()
         } else {
             vec![namespace.to_string()]
         };
@@ -128,7 +126,7 @@ impl Index {
                 continue;
             };
             let key = |name: &String| (ns.clone(), name.clone());
-            targets.extend(self.store.pods.in_namespace(&ns).map(pod_target));
+            targets.extend(self.store.pods().in_namespace(&ns).map(pod_target));
             targets.extend(
                 m.workload_entries
                     .iter()
@@ -150,7 +148,7 @@ impl Index {
             return;
         };
         let key = |name: &String| (namespace.to_string(), name.clone());
-        targets.extend(self.store.pods.in_namespace(namespace).map(pod_target));
+        targets.extend(self.store.pods().in_namespace(namespace).map(pod_target));
         targets.extend(m.services.iter().map(key).map(Target::KubeService));
         targets.extend(m.service_entries.iter().map(key).map(Target::EntryServices));
         targets.extend(
@@ -216,7 +214,7 @@ impl Index {
                 );
                 // Its labels decide its ServiceEntries' visibility, so which entry wins a
                 // hostname elsewhere, and which one is canonical.
-                if self.store.visibility.is_some() {
+                if self.store.visibility().is_some() {
                     let hosts: Vec<String> = self
                         .store
                         .service_entries_in(&ns.name)
@@ -229,7 +227,7 @@ impl Index {
             // is a no-op after reduction), and an index of pods by node would cost ~130 B a pod.
             Object::Node(node) => targets.extend(
                 self.store
-                    .pods
+                    .pods()
                     .iter()
                     .filter(|pod| *pod.node_name() == *node.name)
                     .map(pod_target),
@@ -277,10 +275,10 @@ impl Index {
                         .map(Target::Policy),
                 );
                 self.selected_workloads(&svc.namespace, &svc.selector, targets);
-                if let Some(slices) = self.store.slices_by_service.get(&key) {
+                if let Some(slices) = self.store.slices_by_service().get(&key) {
                     for name in slices {
                         let slice_key = (svc.namespace.clone(), name.clone());
-                        if let Some(slice) = self.store.slices.get(&slice_key) {
+                        if let Some(slice) = self.store.slices().get(&slice_key) {
                             targets.extend(slice_pods(slice).into_iter().map(Target::Pod));
                         }
                         targets.insert(Target::Slice(slice_key));
@@ -305,7 +303,7 @@ impl Index {
                 targets.insert(Target::StaticStrict);
                 let root = pa.namespace == self.settings.root_namespace;
                 let peers: Vec<Key> = if root {
-                    self.store.peer_authentications.keys().cloned().collect()
+                    self.store.peer_authentications().keys().cloned().collect()
                 } else {
                     self.store
                         .peer_authentications_in(&pa.namespace)
@@ -349,17 +347,17 @@ impl Index {
         targets.insert(Target::NetworkGateways);
         let local = self.store.network(&self.settings);
         if gateways.iter().any(|g| g.network == local) {
-            targets.extend(self.store.pods.iter().map(pod_target));
+            targets.extend(self.store.pods().iter().map(pod_target));
         }
         let s = &self.store;
         targets.extend(
-            s.workload_entries
+            s.workload_entries()
                 .keys()
                 .cloned()
                 .map(Target::WorkloadEntry),
         );
         targets.extend(
-            s.service_entries
+            s.service_entries()
                 .keys()
                 .cloned()
                 .map(Target::EntryWorkloads),
@@ -369,7 +367,7 @@ impl Index {
     /// Objects claiming the same hostnames: who wins, and who is canonical, may change.
     pub(super) fn hostname_rivals(&self, hosts: &[String], targets: &mut BTreeSet<Target>) {
         for host in hosts {
-            let Some(claimants) = self.store.hostnames.get(host) else {
+            let Some(claimants) = self.store.hostnames().get(host) else {
                 continue;
             };
             for (_, claimant) in claimants {
@@ -382,7 +380,7 @@ impl Index {
                         targets.insert(Target::EntryWorkloads(k.clone()));
                         if let Some(selector) = self
                             .store
-                            .service_entries
+                            .service_entries()
                             .get(k)
                             .and_then(|se| se.workload_selector.as_ref())
                         {

@@ -144,7 +144,7 @@ impl Index {
             return Changes::default();
         }
         self.settings.service_entry_visibility = visibility.clone();
-        self.store.visibility = visibility;
+        self.store.set_visibility(visibility);
         let targets: BTreeSet<Target> = self.all_targets().into_iter().collect();
         self.rebuild(targets)
     }
@@ -265,28 +265,34 @@ impl Index {
         let k = (r.namespace.clone(), r.name.clone());
         let s = &self.store;
         match r.kind {
-            Kind::Namespace => s.namespaces.get(&r.name).cloned().map(Object::Namespace),
-            Kind::Node => s.nodes.get(&r.name).cloned().map(Object::Node),
+            Kind::Namespace => s.namespaces().get(&r.name).cloned().map(Object::Namespace),
+            Kind::Node => s.nodes().get(&r.name).cloned().map(Object::Node),
             Kind::GatewayClass => s
-                .gateway_classes
+                .gateway_classes()
                 .get(&r.name)
                 .cloned()
                 .map(Object::GatewayClass),
-            Kind::Gateway => s.gateways.get(&k).cloned().map(Object::Gateway),
-            Kind::Pod => s.pods.get(&k.0, &k.1).cloned().map(Object::Pod),
-            Kind::Service => s.services.get(&k).map(|s| Object::Service((**s).clone())),
-            Kind::ServiceEntry => s.service_entries.get(&k).cloned().map(Object::ServiceEntry),
+            Kind::Gateway => s.gateways().get(&k).cloned().map(Object::Gateway),
+            Kind::Pod => s.pods().get(&k.0, &k.1).cloned().map(Object::Pod),
+            Kind::Service => s.services().get(&k).map(|s| Object::Service((**s).clone())),
+            Kind::ServiceEntry => s
+                .service_entries()
+                .get(&k)
+                .cloned()
+                .map(Object::ServiceEntry),
             Kind::WorkloadEntry => s
-                .workload_entries
+                .workload_entries()
                 .get(&k)
                 .cloned()
                 .map(Object::WorkloadEntry),
-            Kind::EndpointSlice => s.slices.get(&k).cloned().map(Object::EndpointSlice),
-            Kind::AuthorizationPolicy => {
-                s.policies.get(&k).cloned().map(Object::AuthorizationPolicy)
-            }
+            Kind::EndpointSlice => s.slices().get(&k).cloned().map(Object::EndpointSlice),
+            Kind::AuthorizationPolicy => s
+                .policies()
+                .get(&k)
+                .cloned()
+                .map(Object::AuthorizationPolicy),
             Kind::PeerAuthentication => s
-                .peer_authentications
+                .peer_authentications()
                 .get(&k)
                 .cloned()
                 .map(Object::PeerAuthentication),
