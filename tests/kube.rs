@@ -392,6 +392,13 @@ impl std::io::Write for Captured {
 
 impl Captured {
     fn install(&self) -> tracing::subscriber::DefaultGuard {
+        // tracing caches whether a callsite is enabled, process-wide, when the callsite is
+        // first hit. While only one dispatcher exists it asks just the hitting thread's
+        // default, so a callsite first hit by another test's thread (no subscriber) would be
+        // cached as disabled for this capture too. With a second dispatcher alive for the whole
+        // process, tracing asks every live dispatcher, this one included.
+        static OTHER: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
+        OTHER.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
         let writer = self.clone();
         let subscriber = tracing_subscriber::fmt()
             .with_env_filter("ambientd=debug")
