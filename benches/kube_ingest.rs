@@ -16,6 +16,7 @@
 //! `--debounce-ms N` to debounce the index's publications as `--debounce-after` does).
 
 #[path = "../tests/it/support/kube/mod.rs"]
+#[allow(dead_code, unused_imports)] // The integration tests use the rest of the fake.
 mod kube_support;
 
 /// The allocator the `ambientd` binary uses, so the figures are the binary's; with

@@ -1,6 +1,5 @@
 //! Shared helpers for the CA tests: CSRs made as ztunnel makes them, a gRPC channel with
 //! ztunnel's exact TLS settings, token minting, and chain verification with webpki.
-#![allow(dead_code)]
 
 use std::path::Path;
 use std::sync::Arc;

@@ -1,6 +1,5 @@
 //! A running ambientd with a local CA and the demo mesh, and ztunnel-shaped delta ADS streams
 //! on 15012, for the 15012 tests (ca_tls.rs, ca_debug_xds.rs).
-#![allow(dead_code)]
 
 use ambientd::app::{self, Running};
 use ambientd::ca::CaConfig;

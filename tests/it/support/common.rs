@@ -1,6 +1,5 @@
 //! Test support: a manifests directory, a running ambientd, and a ztunnel-shaped delta xDS
 //! client. Every wait has a timeout that fails the test loudly.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,6 @@
 //! Builders for reduced objects and decoders for the resources an `Index` publishes, shared by
 //! the pure-core table tests (`index.rs`, `index_services.rs`, `index_changes.rs`,
 //! `subscription.rs`, `dependencies.rs`, `reset_property.rs`).
-#![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;

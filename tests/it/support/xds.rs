@@ -1,6 +1,5 @@
 //! The demo mesh the xDS end-to-end tests serve: a namespace, nodes, a service and pods, as a
 //! manifests directory, and what they are named.
-#![allow(dead_code)]
 
 use super::common::*;
 

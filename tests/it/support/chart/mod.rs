@@ -5,7 +5,6 @@
 //! The engine is the venv python that `.ci/run` installs: `AMBIENTD_HELM_PYTHON`, else
 //! `/var/tmp/ambientd-venv/bin/python`. Without it, [`engine`] fails the test under CI (`CI`
 //! set) and skips it, loudly, elsewhere.
-#![allow(dead_code)]
 
 mod rbac;
 
@@ -19,8 +18,6 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBind
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-// Used by tests/chart_rbac.rs, not by every test crate that includes this module.
-#[allow(unused_imports)]
 pub use rbac::{ApiCall, rbac_allows};
 
 /// The default venv `.ci/run` creates.
@@ -62,8 +59,6 @@ pub fn engine() -> Option<Engine> {
 #[derive(Clone, Debug)]
 pub struct Rendered {
     pub objects: Vec<Object>,
-    /// The release namespace it was rendered for.
-    pub namespace: String,
 }
 
 impl Engine {
@@ -104,7 +99,6 @@ impl Engine {
             .unwrap_or_else(|e| panic!("the chart failed with {values}: {e}"));
         Rendered {
             objects: parse(&text),
-            namespace: namespace.to_string(),
         }
     }
 

@@ -9,7 +9,6 @@
 //! Like the real API server, list items carry no `apiVersion`/`kind`; watch events do. Each
 //! error answer names the captured real answer it imitates (tests/fixtures/kube-responses),
 //! and `kube_fake_writes.rs` replays those captures against the fake.
-#![allow(dead_code)]
 
 mod http;
 mod log;
@@ -18,7 +17,6 @@ mod patch;
 pub mod replica;
 mod write;
 
-#[allow(unused_imports)]
 pub use http::FAKE_USER;
 pub use log::{ApiCall, Request};
 
@@ -121,7 +119,6 @@ pub fn ambient_resources() -> Vec<Resource> {
 type Fields = HashMap<&'static str, String>;
 
 struct Stored {
-    rv: u64,
     fields: Fields,
     /// The object's JSON without `apiVersion`/`kind` (a list item).
     item: Bytes,
@@ -348,11 +345,13 @@ impl FakeApiServer {
 
     /// Parks new watch requests (true) until released (false); they then replay the history
     /// written meanwhile.
+    #[allow(dead_code)] // Only benches/kube_ingest.rs uses it.
     pub fn hold_watches(&self, hold: bool) {
         self.shared.hold.send_replace(hold);
     }
 
     /// How many watch requests have been made.
+    #[allow(dead_code)] // Only benches/kube_ingest.rs uses it.
     pub fn watches(&self) -> usize {
         self.requests()
             .iter()

@@ -88,7 +88,6 @@ pub(super) fn store(
     let old = state.objects[index].insert(
         key,
         Stored {
-            rv,
             fields: fields.clone(),
             item: item.clone(),
         },
