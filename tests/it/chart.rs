@@ -1,7 +1,7 @@
 //! The Helm chart (`charts/ambientd`), rendered and linted by the real Helm engine
 //! (helm-python-sdk, which .ci/run installs): every document parses as its Kubernetes type,
 //! the values reach the args, the args parse with ambientd's own CLI, and the pod is locked
-//! down. The RBAC rules are checked in tests/chart_rbac.rs.
+//! down. The RBAC rules are checked in tests/it/chart_rbac.rs.
 //!
 //! Without the engine these tests fail under CI (`CI` set) and skip, loudly, elsewhere.
 

@@ -1,5 +1,5 @@
 //! The chart's RBAC against every API call ambientd makes: the rules rendered by the real Helm
-//! engine (see tests/chart.rs) must allow each call, and nothing broader: no wildcards, no
+//! engine (see tests/it/chart.rs) must allow each call, and nothing broader: no wildcards, no
 //! deletes, no Secrets outside its own namespace. Also the evaluator itself, on hand-written
 //! RBAC.
 //!
@@ -14,7 +14,7 @@ use serde_json::json;
 const NS: &str = "istio-system";
 
 /// Every call ambientd makes to the API server, as docs/deployment.md lists them ("Every API
-/// call"). tests/chart_rbac_calls.rs checks the chart against the calls whole replicas really
+/// call"). tests/it/chart_rbac_calls.rs checks the chart against the calls whole replicas really
 /// make; this list needs no fake API server and covers a second release namespace.
 fn api_calls<'a>(own: &'a str, watched: &'a [WatchedKind]) -> Vec<ApiCall<'a>> {
     let mut calls = Vec::new();

@@ -14,8 +14,8 @@
 //! indexes): the header says expectations hold once changes have converged, in any order.
 //!
 //! The only rewriting of expectations is the header's "Note on defaults" (unset targetPort ->
-//! port, unset serviceAccountName -> `default`), narrowly, in `conformance_support/defaults.rs`.
-//! How a case's settings map to `discovery::Settings` is in `conformance_support/fixture.rs`.
+//! port, unset serviceAccountName -> `default`), narrowly, in `support/conformance/defaults.rs`.
+//! How a case's settings map to `discovery::Settings` is in `support/conformance/fixture.rs`.
 //! `policy_status` / `service_status` expectations are checked against the conditions the
 //! snapshot keeps (`Snapshot::statuses`), which the leader writes on the objects.
 //!
@@ -23,7 +23,7 @@
 //! `CONFORMANCE_VERBOSE=1` prints every failure line and note, also for known gaps.
 //!
 //! ```sh
-//! cargo test --test conformance -- --nocapture
+//! cargo test --test it conformance:: -- --nocapture
 //! ```
 
 use crate::support::conformance as conformance_support;

@@ -1,4 +1,4 @@
-//! The Kubernetes source against an in-process fake API server (tests/kube_support) that
+//! The Kubernetes source against an in-process fake API server (tests/it/support/kube) that
 //! kube-rs talks to over real HTTP: initial sync of every kind, changes through to the
 //! snapshot and xDS, relists after 410, outages, missing CRDs, bookmarks, discovery selectors
 //! and the revision filter.

@@ -3,7 +3,7 @@
 //! Run against whatever `KUBECONFIG` (or `~/.kube/config`, or the in-cluster account) names:
 //!
 //! ```sh
-//! KUBECONFIG=~/.kube/config cargo test --test kube_e2e -- --ignored --nocapture
+//! KUBECONFIG=~/.kube/config cargo test --test it kube_e2e:: -- --ignored --nocapture
 //! ```
 //!
 //! It needs list/watch on the kinds in docs/kubernetes.md (cluster-admin works; missing Istio

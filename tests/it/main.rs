@@ -1,7 +1,7 @@
 //! The integration tests, as one test binary: each module was a test binary of its own
 //! (`tests/<name>.rs`), `support` is what they share. One binary links the crate and its
 //! dependencies once instead of once per file. Run one module with its path as the filter:
-//! `cargo test --test it kube::`.
+//! `cargo test --test it kube::` (a substring: `xds::` also runs `ca_debug_xds::`).
 //!
 //! `tests/idle_memory.rs` stays a binary of its own: its global allocator counts every
 //! allocation in the process, so other tests running beside it would count too.

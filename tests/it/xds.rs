@@ -286,7 +286,7 @@ async fn unknown_type_url_is_an_error_and_others_keep_being_served() {
 }
 
 /// ztunnel's types are served only on delta ADS: a state-of-the-world request for one ends
-/// its stream with `Unimplemented` (the debug types are tested in tests/ca_tls.rs).
+/// its stream with `Unimplemented` (the debug types are tested in tests/it/ca_tls.rs).
 #[tokio::test]
 async fn state_of_the_world_serves_only_debug_types() {
     use ambientd::pb::xds::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;

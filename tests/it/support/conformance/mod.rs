@@ -1,5 +1,6 @@
-//! Support for `tests/conformance.rs`: the fixture model, the runner, rendering of decoded protos
-//! in the fixture's encodings, the matching rules, and the API-server defaults normalisation.
+//! Support for `tests/it/conformance.rs`: the fixture model, the runner, rendering of decoded
+//! protos in the fixture's encodings, the matching rules, and the API-server defaults
+//! normalisation.
 
 pub mod compare;
 pub mod defaults;
