@@ -7,7 +7,7 @@
 //! - `watch`: ambientd starts on an empty cluster; the pods arrive as 100k `ADDED` watch
 //!   events (a backlog staged in the fake, then released) until the snapshot holds them all.
 //!
-//! The API server is the fake from tests/kube_support, run in a child process (so the RSS is
+//! The API server is the fake from tests/it/support/kube, run in a child process (so the RSS is
 //! ambientd's alone) over real HTTP on 127.0.0.1; it serves pre-serialised bytes, so its own cost
 //! is small but not zero (it shares the machine). Reports pods/s and memory per pod (RSS growth /
 //! pods).
@@ -15,7 +15,8 @@
 //! Run: `cargo bench --bench kube_ingest` (`-- --pods 100000 --mode list|watch|both|decode`,
 //! `--debounce-ms N` to debounce the index's publications as `--debounce-after` does).
 
-#[path = "../tests/kube_support/mod.rs"]
+#[path = "../tests/it/support/kube/mod.rs"]
+#[allow(dead_code, unused_imports)] // The integration tests use the rest of the fake.
 mod kube_support;
 
 /// The allocator the `ambientd` binary uses, so the figures are the binary's; with

@@ -2,7 +2,7 @@
 """Lint and render a Helm chart with the real Helm engine, with no helm binary.
 
 Uses the helm-python-sdk package from PyPI (import name ``helm_python``), which binds Helm's Go
-SDK through its bundled C library. .ci/run installs it in a venv; tests/chart.rs runs this
+SDK through its bundled C library. .ci/run installs it in a venv; tests/it/chart.rs runs this
 script with that venv's python (AMBIENTD_HELM_PYTHON).
 
     helm_render.py CHART [-f VALUES]... [--set K=V]... [--name N] [--namespace NS] [--notes]

@@ -1,0 +1,43 @@
+//! The integration tests, as one test binary: each module was a test binary of its own
+//! (`tests/<name>.rs`), `support` is what they share. One binary links the crate and its
+//! dependencies once instead of once per file. Run one module with its path as the filter:
+//! `cargo test --test it kube::` (a substring: `xds::` also runs `ca_debug_xds::`).
+//!
+//! `tests/idle_memory.rs` stays a binary of its own: its global allocator counts every
+//! allocation in the process, so other tests running beside it would count too.
+
+mod support;
+
+mod ca;
+mod ca_debug_xds;
+mod ca_impersonation;
+mod ca_tls;
+mod chart;
+mod chart_rbac;
+mod chart_rbac_calls;
+mod conformance;
+mod debug;
+mod debug_browser;
+mod dependencies;
+mod index;
+mod index_changes;
+mod index_services;
+mod ip_allocate;
+mod kube;
+mod kube_e2e;
+mod kube_fake_writes;
+mod kube_leader;
+mod kube_token_review;
+mod kube_writes;
+mod replicas;
+mod reset_property;
+mod service_entry_visibility;
+mod shutdown;
+mod status_app;
+mod status_conditions;
+mod status_writer;
+mod subscription;
+mod waypoint_policy;
+mod xds;
+mod xds_flow;
+mod xds_scope;
