@@ -1,14 +1,17 @@
 //! [`Pod`]: the reduced Kubernetes Pod.
 //!
 //! Sources and tests fill in a [`PodFields`] (plain owned fields) and store it as a [`Pod`]
-//! with `Pod::from`: the same fields, with strings that are usually short kept inline
-//! ([`CompactString`]: no allocation up to 24 bytes), a UUID uid as its 16 bytes, and lists as
-//! boxed slices, since 100k stored pods make every allocation per pod count (benchmark T2).
-//! Its fields read through methods named as those of [`PodFields`].
+//! with `Pod::from`: the same fields, its name kept inline ([`CompactString`]: no allocation up
+//! to 24 bytes), a UUID uid as its 16 bytes, lists as boxed slices, and the strings sibling
+//! pods repeat (namespace, generate name, phase, service account, node, owner, port names,
+//! annotations) as [`ArcStr`]s that the store shares between pods
+//! ([`Pod::share_strings`]), since 100k stored pods make every byte per pod count (benchmark
+//! T2). Its fields read through methods named as those of [`PodFields`].
 
 use std::fmt;
 use std::net::IpAddr;
 
+use arcstr::ArcStr;
 use compact_str::CompactString;
 
 use crate::discovery::model::kinds::Protocol;
@@ -68,17 +71,17 @@ pub struct PodFields {
 pub struct Pod {
     name: CompactString,
     uid: UidBuf,
-    namespace: CompactString,
-    generate_name: CompactString,
+    namespace: ArcStr,
+    generate_name: ArcStr,
     labels: Labels,
     /// The annotations kept, in key order.
-    annotations: Box<[(CompactString, CompactString)]>,
-    owner: Option<Owner<CompactString>>,
-    phase: CompactString,
+    annotations: Box<[(ArcStr, ArcStr)]>,
+    owner: Option<Owner<ArcStr>>,
+    phase: ArcStr,
     ips: Box<[IpAddr]>,
-    service_account: CompactString,
-    node_name: CompactString,
-    ports: Box<[ContainerPort<CompactString>]>,
+    service_account: ArcStr,
+    node_name: ArcStr,
+    ports: Box<[ContainerPort<ArcStr>]>,
     terminating: bool,
     ready: bool,
     host_network: bool,
@@ -175,6 +178,27 @@ impl Pod {
         })
     }
 
+    /// Calls `share` on each string sibling pods are likely to repeat, so that the store can
+    /// make equal strings one allocation ([`crate::discovery::store`]'s pods).
+    pub(crate) fn share_strings(&mut self, mut share: impl FnMut(&mut ArcStr)) {
+        share(&mut self.namespace);
+        share(&mut self.generate_name);
+        share(&mut self.phase);
+        share(&mut self.service_account);
+        share(&mut self.node_name);
+        if let Some(owner) = &mut self.owner {
+            share(&mut owner.kind);
+            share(&mut owner.name);
+        }
+        for (key, value) in &mut self.annotations {
+            share(key);
+            share(value);
+        }
+        for port in &mut self.ports {
+            share(&mut port.name);
+        }
+    }
+
     /// The fields, as owned strings.
     pub fn to_fields(&self) -> PodFields {
         PodFields {
@@ -209,17 +233,17 @@ impl Pod {
 
 impl From<PodFields> for Pod {
     fn from(pod: PodFields) -> Self {
-        let text = |s: String| CompactString::from(s);
+        let text = |s: String| ArcStr::from(s);
         Pod {
             uid: UidBuf::from(Uid::parse(&pod.uid)),
-            name: text(pod.name),
+            name: CompactString::from(pod.name),
             namespace: text(pod.namespace),
             generate_name: text(pod.generate_name),
             labels: pod.labels,
             annotations: pod
                 .annotations
                 .iter()
-                .map(|(k, v)| (CompactString::from(k), CompactString::from(v)))
+                .map(|(k, v)| (ArcStr::from(k), ArcStr::from(v)))
                 .collect(),
             owner: pod.owner.map(|o| Owner {
                 kind: text(o.kind),

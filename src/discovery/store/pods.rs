@@ -3,6 +3,7 @@
 use std::borrow::Borrow;
 use std::hash::{Hash, Hasher};
 
+use arcstr::ArcStr;
 use foldhash::{HashMap, HashSet};
 
 use crate::discovery::model::Pod;
@@ -10,14 +11,16 @@ use crate::discovery::model::labels::LabelSets;
 
 /// Pods by namespace, then name. A pod is keyed by its own `namespace` and `name` fields, so
 /// the store keeps no separate key strings nor a per-namespace name set; each pod is boxed so
-/// that a half-empty table slot costs 8 bytes, not the pod's 24. Equal label maps are stored
-/// once ([`LabelSets`]).
+/// that a half-empty table slot costs 8 bytes, not a whole pod. Equal label maps
+/// ([`LabelSets`]) and equal strings ([`Pod::share_strings`]) are stored once.
 #[derive(Debug, Default)]
 pub struct Pods {
     by_namespace: HashMap<Box<str>, HashSet<ByName>>,
     len: usize,
     /// The pods' labels, interned: a ReplicaSet's pods share one buffer.
     label_sets: LabelSets,
+    /// The strings pods repeat (namespaces, nodes, service accounts, owners...), interned.
+    strings: HashSet<ArcStr>,
 }
 
 /// A stored pod, hashed and compared by name (unique within its namespace's set).
@@ -53,13 +56,28 @@ impl Pods {
     /// Stores a pod; returns the one it replaces.
     pub fn insert(&mut self, mut pod: Pod) -> Option<Pod> {
         self.label_sets.share(pod.labels_mut());
+        let strings = &mut self.strings;
+        pod.share_strings(|s| {
+            if s.is_empty() {
+                return;
+            }
+            match strings.get(s.as_str()) {
+                Some(interned) => *s = interned.clone(),
+                None => {
+                    strings.insert(s.clone());
+                }
+            }
+        });
         let set = match self.by_namespace.get_mut(pod.namespace()) {
             Some(set) => set,
             None => self.by_namespace.entry(pod.namespace().into()).or_default(),
         };
-        let old = set.replace(ByName(Box::new(pod))).map(|old| *old.0);
-        match &old {
-            Some(old) => self.label_sets.release(old.labels(), self.len),
+        let mut old = set.replace(ByName(Box::new(pod))).map(|old| *old.0);
+        match &mut old {
+            Some(old) => {
+                self.label_sets.release(old.labels(), self.len);
+                release_strings(&mut self.strings, old, self.len);
+            }
             None => self.len += 1,
         }
         old
@@ -73,7 +91,9 @@ impl Pods {
         }
         self.len -= 1;
         self.label_sets.release(pod.0.labels(), self.len);
-        Some(*pod.0)
+        let mut pod = *pod.0;
+        release_strings(&mut self.strings, &mut pod, self.len);
+        Some(pod)
     }
 
     /// The pods of one namespace, in no particular order.
@@ -97,6 +117,21 @@ impl Pods {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+}
+
+/// Forgets the interned strings `pod` (which is leaving) was the last pod to hold. A string
+/// the pod held twice is not seen as its last holder's; such strings are swept once they could
+/// be a noticeable share of the set.
+fn release_strings(strings: &mut HashSet<ArcStr>, pod: &mut Pod, live: usize) {
+    pod.share_strings(|s| {
+        // Held by the set and by this pod only.
+        if ArcStr::strong_count(s) == Some(2) {
+            strings.remove(s.as_str());
+        }
+    });
+    if strings.len() > 16 * live + 1024 {
+        strings.retain(|s| ArcStr::strong_count(s).is_none_or(|n| n > 1));
     }
 }
 
@@ -134,6 +169,7 @@ mod tests {
             assert!(pods.remove("ns", name).is_some());
         }
         assert!(pods.label_sets.is_empty());
+        assert!(pods.strings.is_empty(), "{:?}", pods.strings);
         assert!(pods.is_empty());
     }
 }
