@@ -425,15 +425,12 @@ fn bearer_token<'a>(ctx: &AuthContext<'a>) -> Result<Option<&'a str>, String> {
 /// A Kubernetes service-account token checked by the API server (TokenReview, audience
 /// `istio-ca`): istiod's default authenticator in a cluster. Tried after local validation.
 pub struct TokenReviewAuthenticator {
-    reviewer: Arc<dyn crate::kube::token_review::ReviewTokens>,
+    reviewer: Arc<dyn crate::ca::review::ReviewTokens>,
     trust_domain: String,
 }
 
 impl TokenReviewAuthenticator {
-    pub fn new(
-        reviewer: Arc<dyn crate::kube::token_review::ReviewTokens>,
-        trust_domain: &str,
-    ) -> Self {
+    pub fn new(reviewer: Arc<dyn crate::ca::review::ReviewTokens>, trust_domain: &str) -> Self {
         TokenReviewAuthenticator {
             reviewer,
             trust_domain: trust_domain.to_string(),
@@ -478,7 +475,7 @@ impl Authenticator for TokenReviewAuthenticator {
 #[cfg(test)]
 mod token_review_tests {
     use super::*;
-    use crate::kube::token_review::{ReviewError, ReviewTokens, ReviewedToken};
+    use crate::ca::review::{ReviewError, ReviewTokens, ReviewedToken};
 
     struct Fake;
 

@@ -23,6 +23,7 @@ pub mod authorize;
 pub mod identity;
 pub mod keys;
 pub mod pods;
+pub mod review;
 pub mod roots;
 pub mod service;
 pub mod signer;

@@ -19,6 +19,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, TokenReviewStatus};
 use kube::api::{Api, PostParams};
 
+use crate::ca::review::{ReviewError, ReviewTokens, ReviewedToken};
+
 /// The audience istiod's CA asks for.
 pub const ISTIO_CA_AUDIENCE: &str = "istio-ca";
 
@@ -26,37 +28,6 @@ const SERVICE_ACCOUNTS_GROUP: &str = "system:serviceaccounts";
 const POD_NAME: &str = "authentication.kubernetes.io/pod-name";
 const POD_UID: &str = "authentication.kubernetes.io/pod-uid";
 const NODE_NAME: &str = "authentication.kubernetes.io/node-name";
-
-/// What the API server vouches for about a token.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReviewedToken {
-    pub namespace: String,
-    pub service_account: String,
-    /// The pod a bound token belongs to (`authentication.kubernetes.io/pod-name`).
-    pub pod_name: Option<String>,
-    pub pod_uid: Option<String>,
-    /// The node of that pod (`authentication.kubernetes.io/node-name`, Kubernetes 1.30+).
-    pub node_name: Option<String>,
-    /// The audiences the API server matched.
-    pub audiences: Vec<String>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum ReviewError {
-    /// The API server's answer is no (or not a service account, or not our audience).
-    #[error("token rejected: {0}")]
-    Rejected(String),
-    /// No answer (API server unreachable, RBAC): not cached; the caller may retry.
-    #[error("TokenReview failed: {0}")]
-    Unavailable(String),
-}
-
-/// Reviews a bearer token. The CA's authenticator holds one of these (a [`TokenReviewer`] in
-/// a cluster, a fake in tests).
-#[tonic::async_trait]
-pub trait ReviewTokens: Send + Sync {
-    async fn review(&self, token: &str) -> Result<ReviewedToken, ReviewError>;
-}
 
 struct Cached {
     until: Instant,

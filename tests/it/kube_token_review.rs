@@ -5,7 +5,8 @@ use crate::support::kube as kube_support;
 
 use std::time::Duration;
 
-use ambientd::kube::token_review::{ReviewError, ReviewTokens, TokenReviewer, fetch_oidc};
+use ambientd::ca::review::{ReviewError, ReviewTokens};
+use ambientd::kube::token_review::{TokenReviewer, fetch_oidc};
 use kube_support::FakeApiServer;
 use serde_json::json;
 
