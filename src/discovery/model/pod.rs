@@ -36,7 +36,7 @@ pub struct ContainerPort<S = String> {
     pub protocol: Protocol,
 }
 
-/// The fields of a [`Pod`], unpacked: what a source or a test fills in before packing it with
+/// The fields of a [`Pod`], as owned strings: what a source or a test fills in before storing it with
 /// `Pod::from`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PodFields {
