@@ -1,59 +1,28 @@
-//! [`Labels`]: a compact, sorted, immutable-by-default string map for labels, annotations and
+//! [`Labels`]: a sorted, immutable-by-default string map for labels, annotations and
 //! selectors.
 //!
 //! Every reduced object holds a few of these, and 100k pods hold 100k of them, so their size
 //! matters more than their speed of mutation. A `BTreeMap<String, String>` allocates a node of
-//! eleven slots (about 540 bytes) even for one entry, plus two strings per entry. `Labels`
-//! packs all keys and values into one string, after a table of their end offsets: one
-//! allocation for any number of entries, none when empty. The offsets are written as ASCII
-//! (seven bits a byte, one byte each for a map under 128 bytes, as most are), so the whole
-//! buffer is a `str` and no unsafe code is needed to read it. Entries are sorted by key with unique keys, so
-//! equality is that of the bytes and lookups are a binary search. Building one sorts the entries
-//! (the last value of a repeated key wins, as `BTreeMap::from_iter`); `insert` rebuilds, and is
-//! meant for tests and merges, not hot paths.
+//! eleven slots (about 540 bytes) even for one entry, plus two strings per entry. `Labels` is
+//! one shared, sorted slice of key/value pairs ([`CompactString`]s, inline up to 24 bytes):
+//! one allocation for any number of short entries, none when empty, and shared by clones, so
+//! equal maps interned by [`LabelSets`] (the pods of one ReplicaSet) hold one copy. Keys are
+//! unique, so equality is that of the entries and lookups are a binary search. Building one
+//! sorts the entries (the last value of a repeated key wins, as `BTreeMap::from_iter`);
+//! `insert` rebuilds, and is meant for tests and merges, not hot paths.
 
-use arcstr::ArcStr;
-use foldhash::HashSet;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
-/// A sorted map of label keys to values, packed into one allocation.
+use compact_str::CompactString;
+use foldhash::HashSet;
+
+/// A sorted map of label keys to values, shared by its clones.
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
 pub struct Labels {
-    /// The width `w` of the head's numbers (one byte: 1 to 4); the entry count; the end offset
-    /// of each key and value (`2 * len` of them, counted from the start of the buffer); each
-    /// number as `w` bytes of seven bits. Then every key and value, in order: `k0 v0 k1 v1 ...`.
-    /// `None` when there are no entries. Shared, so that equal maps interned by [`LabelSets`]
-    /// (the pods of one ReplicaSet) hold one buffer; a thin pointer, so a map is 8 bytes.
-    text: Option<ArcStr>,
-}
-
-/// The widest head number: four bytes of seven bits, so a map of 256 MiB at most.
-const MAX_WIDTH: usize = 4;
-
-/// `n` as `width` bytes of seven bits, low first: ASCII, so a buffer of numbers and text stays
-/// a `str` (here and in [`crate::discovery::model::pod::Pod`]).
-fn put_seven_bits(out: &mut String, n: usize, width: usize) {
-    debug_assert!(n < 1 << (7 * width));
-    for i in 0..width {
-        out.push(char::from(((n >> (7 * i)) & 0x7f) as u8));
-    }
-}
-
-/// Number `i` of a buffer that starts with a width byte `w` followed by numbers that
-/// [`put_seven_bits`] wrote `w` bytes each (a `Labels` head).
-fn head_number(buf: &[u8], i: usize) -> usize {
-    match buf[0] {
-        // Nearly every map and pod: one byte each.
-        1 => usize::from(buf[1 + i]),
-        width => {
-            let width = usize::from(width);
-            buf[1 + i * width..1 + (i + 1) * width]
-                .iter()
-                .enumerate()
-                .fold(0, |n, (j, byte)| n | (usize::from(*byte) << (7 * j)))
-        }
-    }
+    /// Sorted by key, keys unique; `None` when there are no entries.
+    entries: Option<Arc<[(CompactString, CompactString)]>>,
 }
 
 impl Labels {
@@ -61,79 +30,31 @@ impl Labels {
         Labels::default()
     }
 
-    /// The packed buffer; empty when there are no entries.
-    fn text(&self) -> &str {
-        self.text.as_deref().unwrap_or_default()
-    }
-
-    fn width(&self) -> usize {
-        usize::from(self.text().as_bytes()[0])
-    }
-
-    fn word(&self, i: usize) -> usize {
-        head_number(self.text().as_bytes(), i)
+    fn entries(&self) -> &[(CompactString, CompactString)] {
+        self.entries.as_deref().unwrap_or_default()
     }
 
     /// Number of entries.
     pub fn len(&self) -> usize {
-        if self.is_empty() { 0 } else { self.word(0) }
+        self.entries().len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.text.is_none()
+        self.entries.is_none()
     }
 
-    /// How many maps share this one's buffer (0 when empty).
+    /// How many maps share this one's entries (0 when empty).
     fn holders(&self) -> usize {
-        self.text
-            .as_ref()
-            .and_then(ArcStr::strong_count)
-            .unwrap_or(0)
-    }
-
-    /// The end of key (even `i`) or value (odd `i`) number `i / 2`.
-    fn end(&self, i: usize) -> usize {
-        self.word(1 + i)
-    }
-
-    /// Where the first key starts.
-    fn start(&self) -> usize {
-        1 + (1 + 2 * self.len()) * self.width()
-    }
-
-    fn bound(&self, i: usize) -> usize {
-        if i == 0 {
-            self.start()
-        } else {
-            self.end(i - 1)
-        }
-    }
-
-    fn key_at(&self, i: usize) -> &str {
-        &self.text()[self.bound(2 * i)..self.end(2 * i)]
-    }
-
-    fn entry(&self, i: usize) -> (&str, &str) {
-        let (start, mid, end) = (self.bound(2 * i), self.end(2 * i), self.end(2 * i + 1));
-        let text = self.text();
-        (&text[start..mid], &text[mid..end])
+        self.entries.as_ref().map_or(0, Arc::strong_count)
     }
 
     fn find(&self, key: &str) -> Result<usize, usize> {
-        let (mut low, mut high) = (0, self.len());
-        while low < high {
-            let mid = (low + high) / 2;
-            match self.key_at(mid).cmp(key) {
-                std::cmp::Ordering::Less => low = mid + 1,
-                std::cmp::Ordering::Greater => high = mid,
-                std::cmp::Ordering::Equal => return Ok(mid),
-            }
-        }
-        Err(low)
+        self.entries()
+            .binary_search_by(|(k, _)| k.as_str().cmp(key))
     }
 
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.find(key).ok().map(|i| self.entry(i).1)
+        self.find(key).ok().map(|i| self.entries()[i].1.as_str())
     }
 
     pub fn contains_key(&self, key: &str) -> bool {
@@ -142,11 +63,7 @@ impl Labels {
 
     /// Entries in key order.
     pub fn iter(&self) -> Iter<'_> {
-        Iter {
-            labels: self,
-            front: 0,
-            back: self.len(),
-        }
+        self.entries().iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }
 
     pub fn keys(&self) -> impl Iterator<Item = &str> {
@@ -165,12 +82,12 @@ impl Labels {
     /// Sets one entry (rebuilding the whole map).
     pub fn insert(&mut self, key: impl AsRef<str>, value: impl AsRef<str>) {
         let (key, value) = (key.as_ref(), value.as_ref());
-        let mut entries: Vec<(&str, &str)> = self.iter().collect();
+        let mut entries: Vec<(CompactString, CompactString)> = self.entries().to_vec();
         match self.find(key) {
-            Ok(i) => entries[i].1 = value,
-            Err(i) => entries.insert(i, (key, value)),
+            Ok(i) => entries[i].1 = value.into(),
+            Err(i) => entries.insert(i, (key.into(), value.into())),
         }
-        *self = Labels::from_sorted(&entries);
+        *self = Labels::from_sorted(entries);
     }
 
     /// Adds every entry of `other`, whose values win.
@@ -181,49 +98,25 @@ impl Labels {
         *self = self.iter().chain(other.iter()).collect();
     }
 
-    /// Packs entries already sorted by key, with unique keys.
-    fn from_sorted(entries: &[(&str, &str)]) -> Self {
-        if entries.is_empty() {
-            return Labels::default();
-        }
-        let content: usize = entries.iter().map(|(k, v)| k.len() + v.len()).sum();
-        let head = |width: usize| 1 + (1 + 2 * entries.len()) * width;
-        let width = (1..=MAX_WIDTH)
-            .find(|&w| head(w) + content < 1 << (7 * w))
-            .expect("labels over 256 MiB");
-        let size = head(width) + content;
-        let mut text = String::with_capacity(size);
-        text.push(char::from(width as u8));
-        put_seven_bits(&mut text, entries.len(), width);
-        let mut end = head(width);
-        for (k, v) in entries {
-            end += k.len();
-            put_seven_bits(&mut text, end, width);
-            end += v.len();
-            put_seven_bits(&mut text, end, width);
-        }
-        for (k, v) in entries {
-            text.push_str(k);
-            text.push_str(v);
-        }
-        debug_assert_eq!(text.len(), size);
+    /// Entries already sorted by key, with unique keys.
+    fn from_sorted(entries: Vec<(CompactString, CompactString)>) -> Self {
         Labels {
-            text: Some(ArcStr::from(text)),
+            entries: (!entries.is_empty()).then(|| Arc::from(entries)),
         }
     }
 
-    /// Packs entries in any order; the last value of a repeated key wins.
+    /// Entries in any order; the last value of a repeated key wins.
     fn from_entries<K: AsRef<str>, V: AsRef<str>>(mut entries: Vec<(K, V)>) -> Self {
         // Stable, so equal keys keep their order and the last one can win.
         entries.sort_by(|a, b| a.0.as_ref().cmp(b.0.as_ref()));
-        let mut unique: Vec<(&str, &str)> = Vec::with_capacity(entries.len());
+        let mut unique: Vec<(CompactString, CompactString)> = Vec::with_capacity(entries.len());
         for (k, v) in &entries {
             match unique.last_mut() {
-                Some(last) if last.0 == k.as_ref() => last.1 = v.as_ref(),
-                _ => unique.push((k.as_ref(), v.as_ref())),
+                Some(last) if last.0 == k.as_ref() => last.1 = v.as_ref().into(),
+                _ => unique.push((k.as_ref().into(), v.as_ref().into())),
             }
         }
-        Labels::from_sorted(&unique)
+        Labels::from_sorted(unique)
     }
 }
 
@@ -273,41 +166,10 @@ impl LabelSets {
 }
 
 /// Entries of [`Labels`], in key order.
-#[derive(Clone, Debug)]
-pub struct Iter<'a> {
-    labels: &'a Labels,
-    front: usize,
-    back: usize,
-}
-
-impl<'a> Iterator for Iter<'a> {
-    type Item = (&'a str, &'a str);
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.front == self.back {
-            return None;
-        }
-        self.front += 1;
-        Some(self.labels.entry(self.front - 1))
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        let n = self.back - self.front;
-        (n, Some(n))
-    }
-}
-
-impl DoubleEndedIterator for Iter<'_> {
-    fn next_back(&mut self) -> Option<Self::Item> {
-        if self.front == self.back {
-            return None;
-        }
-        self.back -= 1;
-        Some(self.labels.entry(self.back))
-    }
-}
-
-impl ExactSizeIterator for Iter<'_> {}
+pub type Iter<'a> = std::iter::Map<
+    std::slice::Iter<'a, (CompactString, CompactString)>,
+    fn(&'a (CompactString, CompactString)) -> (&'a str, &'a str),
+>;
 
 impl<'a> IntoIterator for &'a Labels {
     type Item = (&'a str, &'a str);
@@ -332,9 +194,11 @@ impl<K: AsRef<str>, V: AsRef<str>, const N: usize> From<[(K, V); N]> for Labels 
 
 impl From<BTreeMap<String, String>> for Labels {
     fn from(map: BTreeMap<String, String>) -> Self {
-        let entries: Vec<(&str, &str)> =
-            map.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        Labels::from_sorted(&entries)
+        Labels::from_sorted(
+            map.into_iter()
+                .map(|(k, v)| (CompactString::from(k), CompactString::from(v)))
+                .collect(),
+        )
     }
 }
 
@@ -415,13 +279,9 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         assert_eq!(back, entries);
-        assert_eq!(labels.width(), 3);
-        // A small map spends one byte per number.
         let small = Labels::from([("app", "web"), ("version", "v1")]);
-        assert_eq!(small.width(), 1);
-        assert_eq!(small.text().len(), 1 + 5 + "appwebversionv1".len());
         assert_eq!(small.get("version"), Some("v1"));
-        assert_eq!(std::mem::size_of::<Labels>(), 8);
+        assert_eq!(small.get("other"), None);
     }
 
     #[test]
@@ -434,7 +294,7 @@ mod tests {
     }
 
     fn same_buffer(a: &Labels, b: &Labels) -> bool {
-        ArcStr::ptr_eq(a.text.as_ref().unwrap(), b.text.as_ref().unwrap())
+        Arc::ptr_eq(a.entries.as_ref().unwrap(), b.entries.as_ref().unwrap())
     }
 
     #[test]
