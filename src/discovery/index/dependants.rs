@@ -1,5 +1,6 @@
 //! Which targets an object change affects: its dependants, computed against the store before
-//! and after the change, plus the waypoints and network that many objects read.
+//! and after the change. Reads only: the index applies the change and refreshes what is
+//! derived from it (`Index::after_change`).
 
 use std::collections::BTreeSet;
 
@@ -7,46 +8,11 @@ use crate::discovery::index::{Index, Target};
 use crate::discovery::model::Key;
 use crate::discovery::model::network_gateway::NetworkGateway;
 use crate::discovery::model::waypoint::GATEWAY_NAME_LABEL;
-use crate::discovery::model::{Kind, Object, ObjectRef, selects};
+use crate::discovery::model::{Object, selects};
 use crate::discovery::names::service_hostname;
 use crate::discovery::store::{ServiceRef, slice_pods};
 
 impl Index {
-    /// Waypoints and the network, which many objects read: recompute them after a change and
-    /// add the readers of whatever changed.
-    pub(super) fn after_change(
-        &mut self,
-        reference: &ObjectRef,
-        network_before: &str,
-        targets: &mut BTreeSet<Target>,
-    ) {
-        let network_changed = self.store.network(&self.settings) != network_before;
-        let gateways: Vec<Key> = match reference.kind {
-            _ if network_changed => self.store.gateways().keys().cloned().collect(),
-            Kind::Gateway => vec![(reference.namespace.clone(), reference.name.clone())],
-            Kind::GatewayClass => self
-                .store
-                .gateways()
-                .iter()
-                .filter(|(_, g)| g.class_name == reference.name)
-                .map(|(k, _)| k.clone())
-                .collect(),
-            _ => Vec::new(),
-        };
-        for key in gateways {
-            let network = self.store.network(&self.settings).to_string();
-            if !self.store.refresh_waypoint(&key, &network) {
-                continue;
-            }
-            if let Some(readers) = self.waypoint_readers.get(&key) {
-                targets.extend(readers.iter().cloned());
-            }
-        }
-        if network_changed {
-            targets.extend(self.all_targets());
-        }
-    }
-
     pub(super) fn all_targets(&self) -> Vec<Target> {
         let s = &self.store;
         let mut all: Vec<Target> = Vec::new();
@@ -232,7 +198,7 @@ impl Index {
                     .filter(|pod| *pod.node_name() == *node.name)
                     .map(pod_target),
             ),
-            // Waypoints are handled by `after_change`.
+            // Waypoints are handled by `Index::after_change`.
             Object::Gateway(gw) => {
                 if self.settings.auto_allow_waypoint_policy {
                     targets.insert(Target::WaypointPolicy(key));

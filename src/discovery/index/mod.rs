@@ -545,6 +545,43 @@ impl Index {
     }
 }
 
+impl Index {
+    /// Waypoints and the network, which many objects read: recompute them after a change and
+    /// add the readers of whatever changed.
+    fn after_change(
+        &mut self,
+        reference: &ObjectRef,
+        network_before: &str,
+        targets: &mut BTreeSet<Target>,
+    ) {
+        let network_changed = self.store.network(&self.settings) != network_before;
+        let gateways: Vec<Key> = match reference.kind {
+            _ if network_changed => self.store.gateways().keys().cloned().collect(),
+            Kind::Gateway => vec![(reference.namespace.clone(), reference.name.clone())],
+            Kind::GatewayClass => self
+                .store
+                .gateways()
+                .iter()
+                .filter(|(_, g)| g.class_name == reference.name)
+                .map(|(k, _)| k.clone())
+                .collect(),
+            _ => Vec::new(),
+        };
+        for key in gateways {
+            let network = self.store.network(&self.settings).to_string();
+            if !self.store.refresh_waypoint(&key, &network) {
+                continue;
+            }
+            if let Some(readers) = self.waypoint_readers.get(&key) {
+                targets.extend(readers.iter().cloned());
+            }
+        }
+        if network_changed {
+            targets.extend(self.all_targets());
+        }
+    }
+}
+
 /// Adds `name` to the sorted names at `key` (made by `own` if the map has no such key yet).
 /// A name already there copies nothing.
 fn add_name<K, Q>(
