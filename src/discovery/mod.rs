@@ -16,6 +16,8 @@ pub mod trie;
 
 #[cfg(test)]
 mod layers;
+#[cfg(test)]
+pub(crate) mod tests;
 
 pub use index::Index;
 pub use model::{Event, Kind, Object, ObjectRef};

@@ -6,10 +6,10 @@
 
 use std::net::IpAddr;
 
-use ambientd::pb::security::{
+use crate::pb::security::{
     self, Action, Authorization, Match, ServiceAccountMatch, StringMatch, string_match::MatchType,
 };
-use ambientd::pb::workload::{
+use crate::pb::workload::{
     AppProtocol, ApplicationTunnel, Extension, GatewayAddress, IpFamilies, LoadBalancing,
     NetworkAddress, NetworkMode, Port, PortList, Service, TunnelProtocol, WeightedWaypoint,
     Workload, WorkloadStatus, WorkloadType, application_tunnel, gateway_address::Destination,

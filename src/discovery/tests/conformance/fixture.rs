@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use ambientd::discovery::Settings;
+use crate::discovery::Settings;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -135,7 +135,7 @@ pub fn load() -> Result<Vec<Case>, String> {
 
 /// Parses a fixture text in the same format.
 pub fn load_text(text: &str) -> Result<Vec<Case>, String> {
-    let mut documents = ambientd::kube::objects::parse_yaml(text)?;
+    let mut documents = crate::kube::objects::parse_yaml(text)?;
     if documents.len() != 1 {
         return Err(format!(
             "expected one YAML document, found {}",
@@ -240,12 +240,12 @@ pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
 /// the case's own settings).
 fn mesh_settings(
     mesh: &BTreeMap<String, Value>,
-) -> Result<ambientd::kube::cluster::MeshSettings, String> {
+) -> Result<crate::kube::cluster::MeshSettings, String> {
     if let Some(other) = mesh.keys().find(|k| *k != "serviceEntryVisibility") {
         return Err(format!("settings.mesh_config.{other} is not supported"));
     }
     let text = serde_json::to_string(mesh).map_err(|e| e.to_string())?;
-    ambientd::kube::cluster::MeshSettings::parse(&text)
+    crate::kube::cluster::MeshSettings::parse(&text)
         .map_err(|e| format!("settings.mesh_config: {e}"))
 }
 

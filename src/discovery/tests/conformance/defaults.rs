@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 
-use ambientd::discovery::Settings;
+use crate::discovery::Settings;
 use serde_json::{Value, json};
 
 use super::runner::RawKey;

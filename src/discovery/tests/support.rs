@@ -1,18 +1,17 @@
 //! Builders for reduced objects and decoders for the resources an `Index` publishes, shared by
-//! the pure-core table tests (`index.rs`, `index_services.rs`, `index_changes.rs`,
-//! `subscription.rs`, `dependencies.rs`, `reset_property.rs`).
+//! the tests beside this file and by `src/push/subscription/tests.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use ambientd::discovery::model::{
+use crate::discovery::model::{
     Endpoint, EndpointSlice, Gateway, GatewayClass, IpFamily, Labels, Namespace, Node, PodFields,
     Protocol, Resolution, Service, ServiceEntry, ServiceEntryPort, ServicePort, SliceEndpoint,
     SlicePort, TargetPort, TargetRef, WorkloadEntry,
 };
-pub use ambientd::discovery::snapshot::Name;
-use ambientd::discovery::{Index, Object, Settings, Snapshot};
-use ambientd::pb::workload::{self, Address, Workload, address};
+pub use crate::discovery::snapshot::Name;
+use crate::discovery::{Index, Object, Settings, Snapshot};
+use crate::pb::workload::{self, Address, Workload, address};
 use bytes::Bytes;
 use prost::Message;
 
@@ -66,8 +65,8 @@ pub fn pod_with(
 }
 
 /// A TCP container port.
-pub fn cport(name: &str, port: u16) -> ambientd::discovery::model::ContainerPort {
-    ambientd::discovery::model::ContainerPort {
+pub fn cport(name: &str, port: u16) -> crate::discovery::model::ContainerPort {
+    crate::discovery::model::ContainerPort {
         name: name.into(),
         port,
         protocol: Protocol::Tcp,
