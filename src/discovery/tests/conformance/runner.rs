@@ -21,28 +21,28 @@ use super::render;
 
 /// What running one case produced.
 #[derive(Debug, Default)]
-pub struct Outcome {
-    pub name: String,
+pub(super) struct Outcome {
+    pub(super) name: String,
     /// The istio test(s) the case comes from, and whether its expectations were read from code.
-    pub source: String,
-    pub derived: bool,
-    pub derived_from: Option<String>,
+    pub(super) source: String,
+    pub(super) derived: bool,
+    pub(super) derived_from: Option<String>,
     /// The case's own `note`, if any.
-    pub note: Option<String>,
+    pub(super) note: Option<String>,
     /// Every failed expectation, as one self-contained line (phase, resource, field, values).
-    pub failures: Vec<String>,
+    pub(super) failures: Vec<String>,
     /// How the case was run (settings chosen, defaults normalised, objects skipped as invalid).
-    pub notes: Vec<String>,
+    pub(super) notes: Vec<String>,
 }
 
 impl Outcome {
-    pub fn passed(&self) -> bool {
+    pub(super) fn passed(&self) -> bool {
         self.failures.is_empty()
     }
 }
 
 /// The kind string of a fixture object or delete, as an index `Kind` if ambientd has it.
-pub fn index_kind(kind: &str) -> Option<Kind> {
+pub(super) fn index_kind(kind: &str) -> Option<Kind> {
     Kind::ALL.into_iter().find(|k| k.to_string() == kind)
 }
 
@@ -52,7 +52,7 @@ fn cluster_scoped(kind: &str) -> bool {
 }
 
 /// `(kind, namespace, name)` of a raw input object; namespaced kinds default to `default`.
-pub type RawKey = (String, String, String);
+pub(super) type RawKey = (String, String, String);
 
 fn raw_key(value: &Value) -> RawKey {
     let text = |pointer: &str| value.pointer(pointer).and_then(Value::as_str);
@@ -67,7 +67,7 @@ fn raw_key(value: &Value) -> RawKey {
 }
 
 /// Runs every phase of a case (initial input, then each step) and checks its expectations.
-pub fn run(case: &Case) -> Outcome {
+pub(super) fn run(case: &Case) -> Outcome {
     let mut outcome = Outcome {
         name: case.name.clone(),
         source: case.source.clone(),
