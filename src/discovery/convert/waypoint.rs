@@ -9,20 +9,6 @@ use crate::discovery::model::{Key, Labels};
 use crate::discovery::store::Store;
 use crate::pb::workload::{ApplicationTunnel, GatewayAddress};
 
-/// The waypoint an object uses: its own `istio.io/use-waypoint` label (`none` opts out), else its
-/// namespace's. A name that is not a ready waypoint, a waypoint that does not admit the object's
-/// namespace, or one of the wrong traffic type gives no waypoint: there is no fallback. Every
-/// waypoint consulted is pushed to `reads`, so a change to it re-evaluates this object.
-pub fn resolve(
-    store: &Store,
-    namespace: &str,
-    labels: &Labels,
-    bind: Bind,
-    reads: &mut Vec<Key>,
-) -> Option<GatewayAddress> {
-    binding(store, namespace, labels, bind, reads).into_address()
-}
-
 /// The outcome of resolving an object's waypoint, with the reason when it failed: what the
 /// `istio.io/WaypointBound` condition reports.
 #[derive(Clone, Debug, PartialEq)]
@@ -90,7 +76,11 @@ pub fn workload_binding(
     )
 }
 
-/// [`resolve`], keeping the reason a requested waypoint was not used.
+/// The waypoint an object uses: its own `istio.io/use-waypoint` label (`none` opts out), else its
+/// namespace's. A name that is not a ready waypoint, a waypoint that does not admit the object's
+/// namespace, or one of the wrong traffic type gives no waypoint, with the reason: there is no
+/// fallback. Every waypoint consulted is pushed to `reads`, so a change to it re-evaluates this
+/// object.
 pub fn binding(
     store: &Store,
     namespace: &str,
@@ -121,11 +111,6 @@ pub fn service_binding(
         Some((key, own)) => bind_key(store, namespace, &key, Bind::Service, own, reads),
         None => Binding::Unbound,
     }
-}
-
-/// The `(namespace, name)` an object's labels (or its namespace's) point at.
-pub fn binding_key(store: &Store, namespace: &str, labels: &Labels) -> Option<Key> {
-    requested(store, namespace, labels).map(|(key, _)| key)
 }
 
 /// The waypoint key asked for, and whether the object's own label asked (else its namespace's).

@@ -89,7 +89,8 @@ pub struct ConvertOptions<'a> {
     pub dry_run_enabled: bool,
 }
 
-/// Converts with istiod's defaults (dry-run support off). See [`convert_policy_with`].
+/// Converts with istiod's defaults (dry-run support off), for tests. See [`convert_policy_with`].
+#[cfg(test)]
 pub fn convert_policy(policy: &AuthorizationPolicy, root_namespace: &str) -> ConvertedPolicy {
     convert_policy_with(
         policy,
