@@ -4,15 +4,15 @@
 //! owned by one task; it applies events and returns the [`Changes`] they caused, and hands out
 //! immutable [`Snapshot`]s for everyone else to read.
 
-pub mod convert;
-pub mod evaluator;
-pub mod index;
+pub(crate) mod convert;
+pub(crate) mod evaluator;
+pub(crate) mod index;
 pub mod model;
-pub mod names;
-pub mod settings;
-pub mod snapshot;
-pub mod store;
-pub mod trie;
+pub(crate) mod names;
+pub(crate) mod settings;
+pub(crate) mod snapshot;
+pub(crate) mod store;
+pub(crate) mod trie;
 
 #[cfg(test)]
 mod layers;
@@ -21,6 +21,6 @@ pub(crate) mod tests;
 
 pub use index::Index;
 pub use model::{Event, Kind, Object, ObjectRef};
-pub use names::TypeKind;
+pub use names::{ADDRESS_TYPE, AUTHORIZATION_TYPE, TypeKind};
 pub use settings::Settings;
-pub use snapshot::{Changes, Resource, Snapshot, TypeChanges};
+pub use snapshot::{Changes, Resource, ResourceMap, Snapshot, TypeChanges};

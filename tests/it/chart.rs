@@ -620,7 +620,7 @@ fn discovery_selectors_become_a_mesh_config_ambientd_reads() {
         pairs
             .iter()
             .copied()
-            .collect::<ambientd::discovery::model::labels::Labels>()
+            .collect::<ambientd::discovery::model::Labels>()
     };
     assert_eq!(selectors.0.len(), 2);
     assert!(selectors.selects(&labels(&[("istio-discovery", "enabled")])));

@@ -191,7 +191,7 @@ async fn initial_sync_of_every_kind_is_what_the_manifests_source_reads() {
     );
     let versions = |index: &mut Index| {
         let snapshot = index.snapshot();
-        let of = |map: &ambientd::discovery::snapshot::ResourceMap| {
+        let of = |map: &ambientd::discovery::ResourceMap| {
             map.iter()
                 .map(|(name, r)| (name.clone(), r.version))
                 .collect::<BTreeMap<_, _>>()
