@@ -125,6 +125,11 @@ impl Index {
         &self.store
     }
 
+    /// The objects of `kind` the index holds, in no particular order.
+    pub fn refs(&self, kind: Kind) -> Vec<ObjectRef> {
+        self.store.refs(kind)
+    }
+
     /// Applies one source event. `Synced` changes nothing here; the caller uses it for readiness.
     pub fn handle(&mut self, event: Event) -> Changes {
         match event {
