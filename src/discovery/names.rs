@@ -94,10 +94,12 @@ impl<T> PerType<T> {
         self.0.iter_mut().flatten()
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.0.iter().flatten().count()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -116,10 +116,6 @@ impl Index {
         }
     }
 
-    pub fn settings(&self) -> &Settings {
-        &self.settings
-    }
-
     /// The stored objects.
     pub fn store(&self) -> &Store {
         &self.store

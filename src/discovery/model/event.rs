@@ -46,11 +46,6 @@ impl Kind {
     pub fn namespaced(self) -> bool {
         !matches!(self, Kind::Namespace | Kind::Node | Kind::GatewayClass)
     }
-
-    /// The kind named as in a manifest's `kind` field.
-    pub fn from_name(name: &str) -> Option<Kind> {
-        Kind::ALL.into_iter().find(|k| k.to_string() == name)
-    }
 }
 
 impl fmt::Display for Kind {

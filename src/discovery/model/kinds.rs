@@ -225,6 +225,7 @@ pub enum NamespaceSelector {
 
 impl NamespaceSelector {
     /// A selector of `matchLabels` only.
+    #[cfg(test)]
     pub fn labels(labels: Labels) -> Self {
         NamespaceSelector::Match {
             labels,

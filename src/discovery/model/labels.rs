@@ -149,15 +149,8 @@ impl Labels {
         }
     }
 
-    pub fn keys(&self) -> impl Iterator<Item = &str> {
-        self.iter().map(|(k, _)| k)
-    }
-
-    pub fn values(&self) -> impl Iterator<Item = &str> {
-        self.iter().map(|(_, v)| v)
-    }
-
     /// The entry with the smallest key.
+    #[cfg(test)]
     pub fn first(&self) -> Option<(&str, &str)> {
         self.iter().next()
     }
@@ -263,10 +256,12 @@ impl LabelSets {
     }
 
     /// How many distinct maps are interned.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.sets.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.sets.is_empty()
     }

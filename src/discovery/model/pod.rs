@@ -200,6 +200,7 @@ impl Pod {
     }
 
     /// The fields, as owned strings.
+    #[cfg(test)]
     pub fn to_fields(&self) -> PodFields {
         PodFields {
             name: self.name().to_string(),

@@ -94,6 +94,7 @@ impl Aliases {
     }
 
     /// Whether `name` is among the names at `alias`.
+    #[cfg(test)]
     pub fn holds(&self, alias: &Alias, name: &str) -> bool {
         match self.one.get(alias) {
             Some(one) => **one == *name,
@@ -158,10 +159,12 @@ impl Aliases {
         one.chain(self.many.iter().map(|(a, names)| (a, names.clone())))
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.one.len() + self.many.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -4,14 +4,13 @@
 //! Each resource is encoded once; its version is a hash of those bytes, so replicas agree on
 //! versions for the same content and an unchanged resource is never re-sent.
 
-use bytes::{BufMut, Bytes};
+use bytes::BufMut;
 use prost::Message;
 
 use crate::discovery::model::uid::{Uid, UidBuf};
 use crate::discovery::names::TypeKind;
 use crate::discovery::snapshot::links::Links;
 use crate::discovery::snapshot::name::Name;
-use crate::pb::google::protobuf::Any;
 use crate::pb::istio::workload::Address;
 
 /// A resource's version: the xxhash64 of its encoded value. Kept as the number (8 bytes, no
@@ -148,10 +147,11 @@ impl Resource {
     }
 
     /// The payload as sent (a copy; the push path writes with [`Resource::write_value`]).
-    pub fn any(&self) -> Any {
-        Any {
+    #[cfg(test)]
+    pub fn any(&self) -> crate::pb::google::protobuf::Any {
+        crate::pb::google::protobuf::Any {
             type_url: self.type_url().to_string(),
-            value: Bytes::copy_from_slice(&self.value),
+            value: bytes::Bytes::copy_from_slice(&self.value),
         }
     }
 }
