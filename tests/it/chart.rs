@@ -673,7 +673,7 @@ fn discovery_selectors_become_a_mesh_config_ambientd_reads() {
 
 #[test]
 fn service_entry_visibility_joins_the_mesh_config() {
-    use ambientd::discovery::model::visibility::Visibility;
+    use ambientd::discovery::model::Visibility;
     let Some(helm) = engine() else { return };
     let visibility = json!({
         "defaultVisibility": "NAMESPACE",

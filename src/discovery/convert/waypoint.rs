@@ -12,7 +12,7 @@ use crate::pb::workload::{ApplicationTunnel, GatewayAddress};
 /// The outcome of resolving an object's waypoint, with the reason when it failed: what the
 /// `istio.io/WaypointBound` condition reports.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Binding {
+pub(crate) enum Binding {
     /// No waypoint asked for (no label, or `none`), or a silent miss (a workload inheriting a
     /// service-only waypoint from its namespace).
     Unbound,
@@ -24,14 +24,14 @@ pub enum Binding {
 
 impl Binding {
     /// The waypoint bound to, if any.
-    pub fn key(&self) -> Option<&Key> {
+    pub(crate) fn key(&self) -> Option<&Key> {
         match self {
             Binding::Bound { key, .. } => Some(key),
             Binding::Unbound | Binding::Failed(_) => None,
         }
     }
 
-    pub fn into_address(self) -> Option<GatewayAddress> {
+    pub(crate) fn into_address(self) -> Option<GatewayAddress> {
         match self {
             Binding::Bound { address, .. } => Some(address),
             Binding::Unbound | Binding::Failed(_) => None,
@@ -41,7 +41,7 @@ impl Binding {
 
 /// Why a requested waypoint is not used (istiod's binding status reasons).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum BindError {
+pub(crate) enum BindError {
     /// No ready waypoint by that name (a Gateway without status addresses counts as missing).
     NotReady(Key),
     /// The waypoint's allowedRoutes do not admit the object's namespace.
@@ -56,7 +56,7 @@ pub enum BindError {
 /// `computeWaypoint`: an instance of a ready waypoint (its [`GATEWAY_NAME_LABEL`] names a
 /// waypoint of its own namespace) uses none and carries that waypoint's inbound binding as its
 /// application tunnel; any other workload binds per [`binding`], with no application tunnel.
-pub fn workload_binding(
+pub(crate) fn workload_binding(
     store: &Store,
     namespace: &str,
     labels: &Labels,
@@ -81,7 +81,7 @@ pub fn workload_binding(
 /// namespace, or one of the wrong traffic type gives no waypoint, with the reason: there is no
 /// fallback. Every waypoint consulted is pushed to `reads`, so a change to it re-evaluates this
 /// object.
-pub fn binding(
+pub(crate) fn binding(
     store: &Store,
     namespace: &str,
     labels: &Labels,
@@ -97,7 +97,7 @@ pub fn binding(
 /// [`binding`] for a Service or ServiceEntry. With `local_only` (a ServiceEntry of NAMESPACE
 /// visibility) a waypoint of another namespace is refused before it is looked up: it would let
 /// traffic and configuration leave the namespace.
-pub fn service_binding(
+pub(crate) fn service_binding(
     store: &Store,
     namespace: &str,
     labels: &Labels,
@@ -134,7 +134,7 @@ fn requested(store: &Store, namespace: &str, labels: &Labels) -> Option<(Key, bo
 }
 
 /// Resolves a specific waypoint key for an object in `namespace`.
-pub fn resolve_key(
+pub(crate) fn resolve_key(
     store: &Store,
     namespace: &str,
     key: &Key,
@@ -176,7 +176,7 @@ fn bind_key(
 
 /// Services and ServiceEntries that are themselves waypoints or east-west gateways never use
 /// one.
-pub fn never_uses_waypoint(labels: &Labels) -> bool {
+pub(crate) fn never_uses_waypoint(labels: &Labels) -> bool {
     labels
         .get(MANAGED_LABEL)
         .is_some_and(|v| v == "istio.io-mesh-controller" || v == "istio.io-eastwest-controller")

@@ -57,7 +57,7 @@ fn head_number(buf: &[u8], i: usize) -> usize {
 }
 
 impl Labels {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Labels::default()
     }
 
@@ -75,11 +75,11 @@ impl Labels {
     }
 
     /// Number of entries.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         if self.is_empty() { 0 } else { self.word(0) }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.text.is_none()
     }
 
@@ -132,16 +132,16 @@ impl Labels {
         Err(low)
     }
 
-    pub fn get(&self, key: &str) -> Option<&str> {
+    pub(crate) fn get(&self, key: &str) -> Option<&str> {
         self.find(key).ok().map(|i| self.entry(i).1)
     }
 
-    pub fn contains_key(&self, key: &str) -> bool {
+    pub(crate) fn contains_key(&self, key: &str) -> bool {
         self.find(key).is_ok()
     }
 
     /// Entries in key order.
-    pub fn iter(&self) -> Iter<'_> {
+    pub(crate) fn iter(&self) -> Iter<'_> {
         Iter {
             labels: self,
             front: 0,
@@ -151,12 +151,12 @@ impl Labels {
 
     /// The entry with the smallest key.
     #[cfg(test)]
-    pub fn first(&self) -> Option<(&str, &str)> {
+    pub(crate) fn first(&self) -> Option<(&str, &str)> {
         self.iter().next()
     }
 
     /// Sets one entry (rebuilding the whole map).
-    pub fn insert(&mut self, key: impl AsRef<str>, value: impl AsRef<str>) {
+    pub(crate) fn insert(&mut self, key: impl AsRef<str>, value: impl AsRef<str>) {
         let (key, value) = (key.as_ref(), value.as_ref());
         let mut entries: Vec<(&str, &str)> = self.iter().collect();
         match self.find(key) {
@@ -167,7 +167,7 @@ impl Labels {
     }
 
     /// Adds every entry of `other`, whose values win.
-    pub fn extend_from(&mut self, other: &Labels) {
+    pub(crate) fn extend_from(&mut self, other: &Labels) {
         if other.is_empty() {
             return;
         }
@@ -224,13 +224,13 @@ impl Labels {
 /// held, so the pods of one ReplicaSet (equal labels, as a rule) keep one copy between them.
 /// The store interns the labels of the pods it holds.
 #[derive(Debug, Default)]
-pub struct LabelSets {
+pub(crate) struct LabelSets {
     sets: HashSet<Labels>,
 }
 
 impl LabelSets {
     /// Makes `labels` share the buffer of an equal map interned before, or interns it.
-    pub fn share(&mut self, labels: &mut Labels) {
+    pub(crate) fn share(&mut self, labels: &mut Labels) {
         if labels.is_empty() {
             return;
         }
@@ -246,7 +246,7 @@ impl LabelSets {
     /// still alive: forgets the map if that holder was its last. Maps whose last holder left
     /// without this (a clone kept elsewhere at the time) are swept once they outnumber `live`,
     /// the holders left.
-    pub fn release(&mut self, labels: &Labels, live: usize) {
+    pub(crate) fn release(&mut self, labels: &Labels, live: usize) {
         if labels.holders() == 2 {
             self.sets.remove(labels);
         }
@@ -257,12 +257,12 @@ impl LabelSets {
 
     /// How many distinct maps are interned.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.sets.len()
     }
 
     #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.sets.is_empty()
     }
 }

@@ -20,8 +20,8 @@ mod test_support;
 mod tests;
 
 #[cfg(test)]
-pub use convert::convert_policy;
-pub use convert::{ConvertOptions, ConvertedPolicy, convert_policy_with};
+pub(crate) use convert::convert_policy;
+pub(crate) use convert::{ConvertOptions, ConvertedPolicy, convert_policy_with};
 
 use crate::discovery::model::Labels;
 use crate::discovery::model::authorization::AuthorizationPolicy;
@@ -30,13 +30,13 @@ impl AuthorizationPolicy {
     /// Whether [`convert_policy`] (default options) sends this policy to ztunnel at all: not a
     /// waypoint (targetRef) policy, not dry-run, and an ALLOW or DENY action.
     #[cfg(test)]
-    pub fn is_sent_to_ztunnel(&self) -> bool {
+    pub(crate) fn is_sent_to_ztunnel(&self) -> bool {
         convert::is_sent(self, false)
     }
 
     /// [`Self::is_sent_to_ztunnel`] with dry-run support on or off
     /// ([`ConvertOptions::dry_run_enabled`]).
-    pub fn is_sent_with(&self, dry_run_enabled: bool) -> bool {
+    pub(crate) fn is_sent_with(&self, dry_run_enabled: bool) -> bool {
         convert::is_sent(self, dry_run_enabled)
     }
 }
@@ -53,7 +53,7 @@ impl AuthorizationPolicy {
 /// The workload's list is the sorted `ns/name` of every policy this returns true for. The index
 /// decides with [`selector_attaches`] and its own options; this is the tests' statement of it.
 #[cfg(test)]
-pub fn policy_selects(
+pub(crate) fn policy_selects(
     policy: &AuthorizationPolicy,
     workload_namespace: &str,
     workload_labels: &Labels,
@@ -65,7 +65,7 @@ pub fn policy_selects(
 
 /// The selector/namespace half of [`policy_selects`], for callers that convert with
 /// non-default [`ConvertOptions`]: combine it with "the conversion produced an Authorization".
-pub fn selector_attaches(
+pub(crate) fn selector_attaches(
     policy: &AuthorizationPolicy,
     workload_namespace: &str,
     workload_labels: &Labels,
