@@ -23,7 +23,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ambientd::discovery::names::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
+use ambientd::discovery::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 use ambientd::discovery::{Index, Kind, Object, Settings, Snapshot};
 use ambientd::kube::cluster::kinds::{Reduced, WatchedObject, reduce, watched_kinds};
 use ambientd::kube::objects::{Decoded, decode};

@@ -2,15 +2,15 @@
 //! resources ztunnel is sent, one module per kind, policies together, and the status
 //! conditions istiod would write. Reads the store; never writes it.
 
-pub mod authorization;
-pub mod conditions;
-pub mod endpoint_slice;
-pub mod membership;
-pub mod network_gateway;
-pub mod peer_authentication;
-pub mod policies;
-pub mod service;
-pub mod service_entry;
-pub mod waypoint;
-pub mod workload;
-pub mod workload_entry;
+pub(crate) mod authorization;
+pub(crate) mod conditions;
+pub(crate) mod endpoint_slice;
+pub(crate) mod membership;
+pub(crate) mod network_gateway;
+pub(crate) mod peer_authentication;
+pub(crate) mod policies;
+pub(crate) mod service;
+pub(crate) mod service_entry;
+pub(crate) mod waypoint;
+pub(crate) mod workload;
+pub(crate) mod workload_entry;

@@ -22,15 +22,15 @@ mod tests;
 
 /// A peer's SPIFFE identity, `spiffe://<trust_domain>/ns/<namespace>/sa/<service_account>`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Identity {
-    pub trust_domain: String,
-    pub namespace: String,
-    pub service_account: String,
+pub(crate) struct Identity {
+    pub(crate) trust_domain: String,
+    pub(crate) namespace: String,
+    pub(crate) service_account: String,
 }
 
 impl Identity {
     /// The principal policies compare against: the SPIFFE URI without `spiffe://`.
-    pub fn principal(&self) -> String {
+    pub(crate) fn principal(&self) -> String {
         format!(
             "{}/ns/{}/sa/{}",
             self.trust_domain, self.namespace, self.service_account
@@ -40,17 +40,17 @@ impl Identity {
 
 /// One inbound connection as the destination ztunnel sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Connection {
+pub(crate) struct Connection {
     /// The peer certificate's identity; `None` for plaintext.
-    pub source_identity: Option<Identity>,
-    pub source_ip: IpAddr,
-    pub destination_ip: IpAddr,
-    pub destination_port: u16,
+    pub(crate) source_identity: Option<Identity>,
+    pub(crate) source_ip: IpAddr,
+    pub(crate) destination_ip: IpAddr,
+    pub(crate) destination_port: u16,
 }
 
 /// Why a connection was allowed or denied, worded as ztunnel logs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reason {
+pub(crate) enum Reason {
     /// A DENY policy matched.
     Denied,
     /// An ALLOW policy matched.
@@ -74,13 +74,13 @@ impl fmt::Display for Reason {
 
 /// The outcome for one connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Decision {
-    pub allowed: bool,
+pub(crate) struct Decision {
+    pub(crate) allowed: bool,
     /// `ns/name` of the policy that decided, when one did.
-    pub policy: Option<String>,
+    pub(crate) policy: Option<String>,
     /// Index in that policy's `rules` (the *converted* rules) of the first one that matched.
-    pub rule: Option<usize>,
-    pub reason: Reason,
+    pub(crate) rule: Option<usize>,
+    pub(crate) reason: Reason,
 }
 
 /// Decides a connection to `destination` as ztunnel does, from every policy it knows.
@@ -91,7 +91,7 @@ pub struct Decision {
 /// dry-run policy is only logged by ztunnel, so it is ignored too. Then: any DENY matching
 /// denies; else no ALLOW policy allows; else any ALLOW matching allows; else deny. Policies are
 /// visited in `ns/name` order so the reported policy is deterministic.
-pub fn evaluate(
+pub(crate) fn evaluate(
     policies: &[&Authorization],
     destination: &Workload,
     request: &Connection,
@@ -142,7 +142,7 @@ fn key(policy: &Authorization) -> String {
 
 /// Whether ztunnel would apply `policy` to connections to `destination` (scope, reference,
 /// valid enums, not dry-run).
-pub fn applies_to(policy: &Authorization, destination: &Workload) -> bool {
+pub(crate) fn applies_to(policy: &Authorization, destination: &Workload) -> bool {
     let (Ok(scope), Ok(_)) = (
         Scope::try_from(policy.scope),
         Action::try_from(policy.action),
@@ -162,7 +162,7 @@ pub fn applies_to(policy: &Authorization, destination: &Workload) -> bool {
 
 /// The index of the first rule of `policy` matching `request`, if any. A policy with no rules
 /// matches nothing.
-pub fn matching_rule(policy: &Authorization, request: &Connection) -> Option<usize> {
+pub(crate) fn matching_rule(policy: &Authorization, request: &Connection) -> Option<usize> {
     let peer = Peer::new(request);
     policy.rules.iter().position(|rule| {
         rule.clauses.iter().all(|clause| {

@@ -5,21 +5,25 @@
 //! `serviceAccountName`. A full Pod costs tens of kilobytes; a [`Pod`] here costs a few hundred
 //! bytes.
 
-pub mod authorization;
-pub mod event;
-pub mod kinds;
-pub mod labels;
-pub mod network_gateway;
-pub mod peer_authentication;
-pub mod pod;
-pub mod status;
-pub mod uid;
-pub mod visibility;
-pub mod waypoint;
+pub(crate) mod authorization;
+pub(crate) mod event;
+pub(crate) mod kinds;
+pub(crate) mod labels;
+pub(crate) mod network_gateway;
+pub(crate) mod peer_authentication;
+pub(crate) mod pod;
+pub(crate) mod status;
+pub(crate) mod uid;
+pub(crate) mod visibility;
+pub(crate) mod waypoint;
 
-pub use authorization::AuthorizationPolicy;
+pub use authorization::{
+    AuthorizationPolicy, Condition, Operation, PolicyAction, PolicyRule, PolicyTargetRef, Source,
+};
 pub use event::{Event, Kind, Object, ObjectRef};
 pub use kinds::*;
 pub use labels::Labels;
-pub use peer_authentication::PeerAuthentication;
+pub use peer_authentication::{MtlsMode, PeerAuthentication};
 pub use pod::{ContainerPort, Owner, Pod, PodFields};
+pub use status::{DesiredStatus, StatusCondition};
+pub use visibility::{ServiceEntryVisibility, Visibility, VisibilityPolicy};

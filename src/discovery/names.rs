@@ -15,9 +15,9 @@ pub enum TypeKind {
 
 impl TypeKind {
     /// In istiod's push order: Address, then Authorization.
-    pub const ALL: [TypeKind; 2] = [TypeKind::Address, TypeKind::Authorization];
+    pub(crate) const ALL: [TypeKind; 2] = [TypeKind::Address, TypeKind::Authorization];
 
-    pub fn from_type_url(type_url: &str) -> Option<Self> {
+    pub(crate) fn from_type_url(type_url: &str) -> Option<Self> {
         match type_url {
             ADDRESS_TYPE => Some(TypeKind::Address),
             AUTHORIZATION_TYPE => Some(TypeKind::Authorization),
@@ -25,7 +25,7 @@ impl TypeKind {
         }
     }
 
-    pub fn type_url(self) -> &'static str {
+    pub(crate) fn type_url(self) -> &'static str {
         match self {
             TypeKind::Address => ADDRESS_TYPE,
             TypeKind::Authorization => AUTHORIZATION_TYPE,
@@ -50,7 +50,7 @@ type Entries<'a, T> = std::iter::FilterMap<
 >;
 
 impl<T> PerType<T> {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
@@ -61,44 +61,46 @@ impl<T> PerType<T> {
         }
     }
 
-    pub fn get(&self, kind: &TypeKind) -> Option<&T> {
+    pub(crate) fn get(&self, kind: &TypeKind) -> Option<&T> {
         self.0[Self::slot(*kind)].as_ref()
     }
 
-    pub fn get_mut(&mut self, kind: &TypeKind) -> Option<&mut T> {
+    pub(crate) fn get_mut(&mut self, kind: &TypeKind) -> Option<&mut T> {
         self.0[Self::slot(*kind)].as_mut()
     }
 
     /// Sets `kind`'s value; returns the one it replaces.
-    pub fn insert(&mut self, kind: TypeKind, value: T) -> Option<T> {
+    pub(crate) fn insert(&mut self, kind: TypeKind, value: T) -> Option<T> {
         self.0[Self::slot(kind)].replace(value)
     }
 
-    pub fn get_or_insert_with(&mut self, kind: TypeKind, f: impl FnOnce() -> T) -> &mut T {
+    pub(crate) fn get_or_insert_with(&mut self, kind: TypeKind, f: impl FnOnce() -> T) -> &mut T {
         self.0[Self::slot(kind)].get_or_insert_with(f)
     }
 
     /// The types that have a value, with it, in [`TypeKind::ALL`] order.
-    pub fn iter(&self) -> Entries<'_, T> {
+    pub(crate) fn iter(&self) -> Entries<'_, T> {
         TypeKind::ALL
             .iter()
             .zip(self.0.iter())
             .filter_map(|(kind, value)| Some((kind, value.as_ref()?)))
     }
 
-    pub fn keys(&self) -> impl Iterator<Item = TypeKind> + '_ {
+    pub(crate) fn keys(&self) -> impl Iterator<Item = TypeKind> + '_ {
         self.iter().map(|(kind, _)| *kind)
     }
 
-    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
+    pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
         self.0.iter_mut().flatten()
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.0.iter().flatten().count()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }
@@ -119,27 +121,27 @@ impl fmt::Display for TypeKind {
 }
 
 /// A pod workload's uid and xDS name: `<cluster>//Pod/<ns>/<name>` (the double slash is istiod's).
-pub fn pod_uid(cluster_id: &str, namespace: &str, name: &str) -> String {
+pub(crate) fn pod_uid(cluster_id: &str, namespace: &str, name: &str) -> String {
     format!("{cluster_id}//Pod/{namespace}/{name}")
 }
 
 /// A Kubernetes Service's hostname: `<name>.<ns>.svc.<domain>`.
-pub fn service_hostname(name: &str, namespace: &str, domain: &str) -> String {
+pub(crate) fn service_hostname(name: &str, namespace: &str, domain: &str) -> String {
     format!("{name}.{namespace}.svc.{domain}")
 }
 
 /// A service's xDS name and services-map key: `<ns>/<hostname>`.
-pub fn service_key(namespace: &str, hostname: &str) -> String {
+pub(crate) fn service_key(namespace: &str, hostname: &str) -> String {
     format!("{namespace}/{hostname}")
 }
 
 /// The `network/ip` alias and on-demand lookup key (`/10.0.0.1` on the default network).
-pub fn network_address_key(network: &str, ip: &IpAddr) -> String {
+pub(crate) fn network_address_key(network: &str, ip: &IpAddr) -> String {
     format!("{network}/{ip}")
 }
 
 /// An IP from raw network-order bytes (4 or 16); `None` for any other length.
-pub fn ip_from_bytes(raw: &[u8]) -> Option<IpAddr> {
+pub(crate) fn ip_from_bytes(raw: &[u8]) -> Option<IpAddr> {
     match raw.len() {
         4 => <[u8; 4]>::try_from(raw).ok().map(IpAddr::from),
         16 => <[u8; 16]>::try_from(raw).ok().map(IpAddr::from),
@@ -148,7 +150,7 @@ pub fn ip_from_bytes(raw: &[u8]) -> Option<IpAddr> {
 }
 
 /// Raw network-order bytes of an IP, as the protos carry it.
-pub fn ip_bytes(ip: &IpAddr) -> bytes::Bytes {
+pub(crate) fn ip_bytes(ip: &IpAddr) -> bytes::Bytes {
     match ip {
         IpAddr::V4(v4) => bytes::Bytes::copy_from_slice(&v4.octets()),
         IpAddr::V6(v6) => bytes::Bytes::copy_from_slice(&v6.octets()),

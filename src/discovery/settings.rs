@@ -63,7 +63,7 @@ impl Default for Settings {
 
 impl Settings {
     /// The trust domain as sent: `cluster.local` goes out empty (ztunnel's default).
-    pub fn wire_trust_domain(&self) -> &str {
+    pub(crate) fn wire_trust_domain(&self) -> &str {
         if self.trust_domain == "cluster.local" {
             ""
         } else {

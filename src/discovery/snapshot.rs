@@ -4,10 +4,10 @@
 //! A snapshot is a set of persistent maps: cloning it is O(1), and the index updates it in
 //! O(log n) per resource.
 
-pub mod alias;
-pub mod links;
-pub mod name;
-pub mod resource;
+pub(crate) mod alias;
+pub(crate) mod links;
+pub(crate) mod name;
+pub(crate) mod resource;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -16,7 +16,8 @@ use crate::discovery::model::status::PolicyStatus;
 use crate::discovery::model::status::{DesiredStatus, StatusTarget};
 use crate::discovery::names::TypeKind;
 use crate::discovery::snapshot::alias::{Aliases, Networks};
-pub use crate::discovery::snapshot::name::{Name, NameSet};
+pub(crate) use crate::discovery::snapshot::name::Name;
+pub use crate::discovery::snapshot::name::NameSet;
 pub use crate::discovery::snapshot::resource::{Resource, Version};
 
 /// Names touched by one or more index steps, for one type.
@@ -27,12 +28,12 @@ pub struct TypeChanges {
 }
 
 impl TypeChanges {
-    pub fn upsert(&mut self, name: &Name) {
+    pub(crate) fn upsert(&mut self, name: &Name) {
         self.removed.remove(name);
         self.upserted.insert(name.clone());
     }
 
-    pub fn remove(&mut self, name: &Name) {
+    pub(crate) fn remove(&mut self, name: &Name) {
         self.upserted.remove(name);
         self.removed.insert(name.clone());
     }
@@ -42,12 +43,12 @@ impl TypeChanges {
     }
 
     /// Every name touched, whether upserted or removed.
-    pub fn names(&self) -> impl Iterator<Item = &Name> {
+    pub(crate) fn names(&self) -> impl Iterator<Item = &Name> {
         self.upserted.iter().chain(self.removed.iter())
     }
 
     /// Folds a later set of changes into this one.
-    pub fn merge(&mut self, later: &TypeChanges) {
+    pub(crate) fn merge(&mut self, later: &TypeChanges) {
         for name in &later.upserted {
             self.upsert(name);
         }
@@ -64,7 +65,7 @@ pub struct Changes {
     pub authorizations: TypeChanges,
     /// Objects whose wanted status condition changed (or that came or went), even when no
     /// resource did: a snapshot is published for them too, for the status writer.
-    pub statuses: BTreeSet<StatusTarget>,
+    pub(crate) statuses: BTreeSet<StatusTarget>,
 }
 
 impl Changes {
@@ -73,18 +74,18 @@ impl Changes {
     }
 
     /// How many names (and status targets) it holds.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         let names = |t: &TypeChanges| t.upserted.len() + t.removed.len();
         names(&self.addresses) + names(&self.authorizations) + self.statuses.len()
     }
 
-    pub fn merge(&mut self, later: &Changes) {
+    pub(crate) fn merge(&mut self, later: &Changes) {
         self.addresses.merge(&later.addresses);
         self.authorizations.merge(&later.authorizations);
         self.statuses.extend(later.statuses.iter().cloned());
     }
 
-    pub fn of(&self, kind: TypeKind) -> &TypeChanges {
+    pub(crate) fn of(&self, kind: TypeKind) -> &TypeChanges {
         match kind {
             TypeKind::Address => &self.addresses,
             TypeKind::Authorization => &self.authorizations,
@@ -101,7 +102,7 @@ impl Changes {
 
 /// A persistent hash map (cheap to clone, O(log n) to change), dense in memory
 /// ([`crate::discovery::trie`]).
-pub type PersistentMap<K, V> = crate::discovery::trie::HashTrie<K, V>;
+pub(crate) type PersistentMap<K, V> = crate::discovery::trie::HashTrie<K, V>;
 
 /// Resources of one type by name: each entry is the resource, keyed by its own name (16 B a
 /// slot, where a separate key doubled it).
@@ -132,11 +133,11 @@ impl crate::discovery::trie::Entry for Arc<Resource> {
 
 /// How many recent `Changes` a snapshot remembers, so a connection that skipped a few snapshots
 /// can still catch up by names instead of a full diff.
-pub const HISTORY: usize = 64;
+pub(crate) const HISTORY: usize = 64;
 
 /// The least number of names the history may hold (it may hold an eighth of the resources'
 /// count when that is more). A step that touches more leaves no history behind it.
-pub const MIN_HISTORY_NAMES: usize = 4096;
+pub(crate) const MIN_HISTORY_NAMES: usize = 4096;
 
 /// An immutable view of every resource, cheap to clone and share.
 #[derive(Clone, Debug, Default)]
@@ -148,25 +149,25 @@ pub struct Snapshot {
     /// `network/ip` -> names of Address resources with that address (workloads and services).
     /// Usually one name each, kept alone ([`Aliases`]). The keys are numbers ([`crate::discovery::snapshot::alias::Alias`]); [`Snapshot::alias`]
     /// looks one up by its text.
-    pub aliases: Aliases,
+    pub(crate) aliases: Aliases,
     /// The networks aliases refer to.
-    pub networks: Networks,
+    pub(crate) networks: Networks,
     /// Service name (`ns/hostname`) -> uids of workloads whose services map holds it. Sorted
     /// shared slices: an `imbl::OrdSet` node is a fixed array, and a slice is copied only when a
     /// workload joins or leaves (a pod turning ready touches none of these indexes).
-    pub members: PersistentMap<Name, NameSet>,
+    pub(crate) members: PersistentMap<Name, NameSet>,
     /// Node name -> the workloads on it.
-    pub by_node: PersistentMap<Name, NameSet>,
+    pub(crate) by_node: PersistentMap<Name, NameSet>,
     /// `(generation, changes that produced it)`, oldest first, at most [`HISTORY`] entries and
     /// [`MIN_HISTORY_NAMES`] or an eighth of the resources' count in names.
-    pub history: imbl::Vector<(u64, Arc<Changes>)>,
+    pub(crate) history: imbl::Vector<(u64, Arc<Changes>)>,
     /// The `ZtunnelAccepted` condition of each AuthorizationPolicy, by `ns/name`.
-    pub policy_status: PersistentMap<String, PolicyStatus>,
+    pub(crate) policy_status: PersistentMap<String, PolicyStatus>,
     /// Every AuthorizationPolicy, Service, ServiceEntry and WorkloadEntry, with the condition
     /// ambientd wants on it (`ZtunnelAccepted` on policies, `istio.io/WaypointBound` on the
     /// others; `None`: it must carry none of ours). An object missing here does not exist. The
     /// status writer compares successive snapshots' maps; an unchanged map is shared.
-    pub statuses: PersistentMap<StatusTarget, DesiredStatus>,
+    pub(crate) statuses: PersistentMap<StatusTarget, DesiredStatus>,
     /// When the publisher handed it out (set by the publishing task, for convergence metrics).
     pub published_at: Option<std::time::Instant>,
     /// Each type's resources as one flat list, built on first use ([`Snapshot::flat`]).
@@ -180,12 +181,12 @@ pub struct Snapshot {
 /// send and the names to remove (`push::subscription::Delta`).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Diff {
-    pub resources: Vec<Arc<Resource>>,
-    pub removed: Vec<String>,
+    pub(crate) resources: Vec<Arc<Resource>>,
+    pub(crate) removed: Vec<String>,
 }
 
 impl Diff {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.resources.is_empty() && self.removed.is_empty()
     }
 }
@@ -219,11 +220,11 @@ impl std::fmt::Debug for Diffs {
 
 /// A type's resources in one contiguous list (name, version, resource), with each name's
 /// position in it.
-pub type FlatList = Arc<Flat>;
+pub(crate) type FlatList = Arc<Flat>;
 
 #[derive(Debug)]
-pub struct Flat {
-    pub list: Box<[(Name, Version, Arc<Resource>)]>,
+pub(crate) struct Flat {
+    pub(crate) list: Box<[(Name, Version, Arc<Resource>)]>,
     /// Name -> position in `list`.
     positions: std::collections::HashMap<Name, u32, foldhash::fast::RandomState>,
 }
@@ -239,7 +240,7 @@ impl Flat {
     }
 
     /// Where `name` is in [`Flat::list`].
-    pub fn position(&self, name: &str) -> Option<usize> {
+    pub(crate) fn position(&self, name: &str) -> Option<usize> {
         self.positions.get(name).map(|&at| at as usize)
     }
 }
@@ -258,7 +259,7 @@ impl Snapshot {
     /// 1,000 proxies reconnect to 100k resources at once (benchmark T6), walking the persistent
     /// map's nodes for each of them costs far more than a contiguous list. About 50 B per
     /// resource, only on snapshots that saw a reconnect, and freed with the snapshot.
-    pub fn flat(&self, kind: TypeKind) -> &FlatList {
+    pub(crate) fn flat(&self, kind: TypeKind) -> &FlatList {
         let slot = match kind {
             TypeKind::Address => &self.flat[0],
             TypeKind::Authorization => &self.flat[1],
@@ -277,7 +278,7 @@ impl Snapshot {
     /// it: computed by the first stream that asks, then shared. `compute` must give the same
     /// diff whichever stream runs it (a function of the two snapshots only). A thousand
     /// streams following the same snapshots otherwise each repeat the same lookups (T8).
-    pub fn diff_from(
+    pub(crate) fn diff_from(
         &self,
         kind: TypeKind,
         from: u64,
@@ -305,7 +306,7 @@ impl Snapshot {
     /// The resource changes between generation `since` and this snapshot, if history still
     /// covers them. `statuses` is left empty: every xDS stream calls this, and only the status
     /// writer needs those ([`Snapshot::status_changes_since`]).
-    pub fn changes_since(&self, since: u64) -> Option<Changes> {
+    pub(crate) fn changes_since(&self, since: u64) -> Option<Changes> {
         let mut all = Changes::default();
         for changes in self.history_since(since)? {
             all.addresses.merge(&changes.addresses);
@@ -317,7 +318,7 @@ impl Snapshot {
     /// The names of `kind` changed (upserted or removed) between generation `since` and this
     /// snapshot, if history still covers them; a name may come more than once. What each xDS
     /// stream folds into its own set on every snapshot, so it builds no `Changes` of its own.
-    pub fn names_changed_since(
+    pub(crate) fn names_changed_since(
         &self,
         kind: TypeKind,
         since: u64,
@@ -330,7 +331,7 @@ impl Snapshot {
 
     /// The objects whose wanted status condition changed between generation `since` and this
     /// snapshot, if history still covers them.
-    pub fn status_changes_since(&self, since: u64) -> Option<BTreeSet<StatusTarget>> {
+    pub(crate) fn status_changes_since(&self, since: u64) -> Option<BTreeSet<StatusTarget>> {
         let mut all = BTreeSet::new();
         for changes in self.history_since(since)? {
             all.extend(changes.statuses.iter().cloned());
@@ -357,7 +358,7 @@ impl Snapshot {
     /// What a node-scoped proxy on `node` gets without asking: the workloads on the node, the
     /// services they are part of, the waypoints those workloads and services use, and the
     /// waypoints' own workloads (needed to reach them).
-    pub fn node_scope(&self, node: &str) -> BTreeSet<String> {
+    pub(crate) fn node_scope(&self, node: &str) -> BTreeSet<String> {
         let mut names = BTreeSet::new();
         let Some(local) = self.by_node.get(node) else {
             return names;
@@ -383,7 +384,7 @@ impl Snapshot {
     }
 
     /// The workloads on `node`: what istiod adds to an on-demand proxy's answers.
-    pub fn node_workloads(&self, node: &str) -> impl Iterator<Item = String> + '_ {
+    pub(crate) fn node_workloads(&self, node: &str) -> impl Iterator<Item = String> + '_ {
         self.by_node
             .get(node)
             .into_iter()
@@ -394,7 +395,7 @@ impl Snapshot {
 
     /// Kubernetes `metadata.uid` of the pod whose workload is named `workload_uid`
     /// (`<cluster>//Pod/<ns>/<name>`): the CA checks a token's pod binding against it.
-    pub fn pod_uid(&self, workload_uid: &str) -> Option<String> {
+    pub(crate) fn pod_uid(&self, workload_uid: &str) -> Option<String> {
         Some(self.addresses.get(workload_uid)?.pod_uid()?.to_string())
     }
 
@@ -430,7 +431,7 @@ impl Snapshot {
     }
 
     /// The names with the address a `network/ip` key names.
-    pub fn alias(&self, key: &str) -> Option<NameSet> {
+    pub(crate) fn alias(&self, key: &str) -> Option<NameSet> {
         self.aliases.get(&self.networks.parse(key)?)
     }
 

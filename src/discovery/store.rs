@@ -22,30 +22,30 @@ use crate::discovery::names::service_hostname;
 use crate::discovery::settings::Settings;
 
 mod pods;
-pub use pods::Pods;
+pub(crate) use pods::Pods;
 
 use crate::discovery::model::{Key, NETWORK_LABEL};
 
 /// An object that publishes Services: a Kubernetes Service, or a ServiceEntry (one per host).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ServiceRef {
+pub(crate) enum ServiceRef {
     Kube(Key),
     Entry(Key),
 }
 
 /// What one namespace holds, by name (its pods are in [`Pods`]).
 #[derive(Debug, Default)]
-pub struct NamespaceMembers {
-    pub services: BTreeSet<String>,
-    pub slices: BTreeSet<String>,
-    pub service_entries: BTreeSet<String>,
-    pub workload_entries: BTreeSet<String>,
-    pub policies: BTreeSet<String>,
-    pub peer_authentications: BTreeSet<String>,
+pub(crate) struct NamespaceMembers {
+    pub(crate) services: BTreeSet<String>,
+    pub(crate) slices: BTreeSet<String>,
+    pub(crate) service_entries: BTreeSet<String>,
+    pub(crate) workload_entries: BTreeSet<String>,
+    pub(crate) policies: BTreeSet<String>,
+    pub(crate) peer_authentications: BTreeSet<String>,
 }
 
 #[derive(Debug, Default)]
-pub struct Store {
+pub(crate) struct Store {
     namespaces: HashMap<String, Namespace>,
     nodes: HashMap<String, Node>,
     pods: Pods,
@@ -89,84 +89,84 @@ pub struct Store {
 /// Read access to what the store holds. Writes go through [`Store::insert`],
 /// [`Store::remove`] and the few methods below them that keep the reverse indexes true.
 impl Store {
-    pub fn namespaces(&self) -> &HashMap<String, Namespace> {
+    pub(crate) fn namespaces(&self) -> &HashMap<String, Namespace> {
         &self.namespaces
     }
 
-    pub fn nodes(&self) -> &HashMap<String, Node> {
+    pub(crate) fn nodes(&self) -> &HashMap<String, Node> {
         &self.nodes
     }
 
-    pub fn pods(&self) -> &Pods {
+    pub(crate) fn pods(&self) -> &Pods {
         &self.pods
     }
 
-    pub fn services(&self) -> &HashMap<Key, Box<Service>> {
+    pub(crate) fn services(&self) -> &HashMap<Key, Box<Service>> {
         &self.services
     }
 
-    pub fn slices(&self) -> &HashMap<Key, EndpointSlice> {
+    pub(crate) fn slices(&self) -> &HashMap<Key, EndpointSlice> {
         &self.slices
     }
 
-    pub fn service_entries(&self) -> &HashMap<Key, ServiceEntry> {
+    pub(crate) fn service_entries(&self) -> &HashMap<Key, ServiceEntry> {
         &self.service_entries
     }
 
-    pub fn workload_entries(&self) -> &HashMap<Key, WorkloadEntry> {
+    pub(crate) fn workload_entries(&self) -> &HashMap<Key, WorkloadEntry> {
         &self.workload_entries
     }
 
-    pub fn gateway_classes(&self) -> &HashMap<String, GatewayClass> {
+    pub(crate) fn gateway_classes(&self) -> &HashMap<String, GatewayClass> {
         &self.gateway_classes
     }
 
-    pub fn gateways(&self) -> &HashMap<Key, Gateway> {
+    pub(crate) fn gateways(&self) -> &HashMap<Key, Gateway> {
         &self.gateways
     }
 
-    pub fn policies(&self) -> &HashMap<Key, AuthorizationPolicy> {
+    pub(crate) fn policies(&self) -> &HashMap<Key, AuthorizationPolicy> {
         &self.policies
     }
 
-    pub fn peer_authentications(&self) -> &HashMap<Key, PeerAuthentication> {
+    pub(crate) fn peer_authentications(&self) -> &HashMap<Key, PeerAuthentication> {
         &self.peer_authentications
     }
 
-    pub fn waypoints(&self) -> &HashMap<Key, Waypoint> {
+    pub(crate) fn waypoints(&self) -> &HashMap<Key, Waypoint> {
         &self.waypoints
     }
 
-    pub fn namespace_members(&self) -> &HashMap<String, NamespaceMembers> {
+    pub(crate) fn namespace_members(&self) -> &HashMap<String, NamespaceMembers> {
         &self.members
     }
 
-    pub fn slices_by_service(&self) -> &HashMap<Key, BTreeSet<String>> {
+    pub(crate) fn slices_by_service(&self) -> &HashMap<Key, BTreeSet<String>> {
         &self.slices_by_service
     }
 
-    pub fn slices_by_pod(&self) -> &HashMap<Key, BTreeSet<Key>> {
+    pub(crate) fn slices_by_pod(&self) -> &HashMap<Key, BTreeSet<Key>> {
         &self.slices_by_pod
     }
 
-    pub fn hostnames(&self) -> &HashMap<String, SmallSet<(String, ServiceRef)>> {
+    pub(crate) fn hostnames(&self) -> &HashMap<String, SmallSet<(String, ServiceRef)>> {
         &self.hostnames
     }
 
-    pub fn visibility(&self) -> &Option<Arc<ServiceEntryVisibility>> {
+    pub(crate) fn visibility(&self) -> &Option<Arc<ServiceEntryVisibility>> {
         &self.visibility
     }
 }
 
 impl Store {
     /// meshConfig.serviceEntryVisibility changed (`None`: no longer configured).
-    pub fn set_visibility(&mut self, visibility: Option<Arc<ServiceEntryVisibility>>) {
+    pub(crate) fn set_visibility(&mut self, visibility: Option<Arc<ServiceEntryVisibility>>) {
         self.visibility = visibility;
     }
 
     /// Re-derives the waypoint of Gateway `key` (from the Gateway, its class and the local
     /// `network`); returns whether it changed.
-    pub fn refresh_waypoint(&mut self, key: &Key, network: &str) -> bool {
+    pub(crate) fn refresh_waypoint(&mut self, key: &Key, network: &str) -> bool {
         let waypoint = self.gateways.get(key).and_then(|gw| {
             Waypoint::from_gateway(gw, self.gateway_classes.get(&gw.class_name), network)
         });
@@ -197,7 +197,7 @@ fn key(namespace: &str, name: &str) -> Key {
 
 impl Store {
     /// An empty store under meshConfig.serviceEntryVisibility (`None`: not configured).
-    pub fn with_visibility(visibility: Option<Arc<ServiceEntryVisibility>>) -> Self {
+    pub(crate) fn with_visibility(visibility: Option<Arc<ServiceEntryVisibility>>) -> Self {
         Store {
             visibility,
             ..Store::default()
@@ -205,23 +205,23 @@ impl Store {
     }
 
     /// The local network: the system namespace's `topology.istio.io/network` label, or `""`.
-    pub fn network(&self, settings: &Settings) -> &str {
+    pub(crate) fn network(&self, settings: &Settings) -> &str {
         self.namespaces
             .get(&settings.system_namespace)
             .and_then(|ns| ns.labels.get(NETWORK_LABEL))
             .unwrap_or("")
     }
 
-    pub fn namespace_labels(&self, namespace: &str) -> Option<&Labels> {
+    pub(crate) fn namespace_labels(&self, namespace: &str) -> Option<&Labels> {
         self.namespaces.get(namespace).map(|n| &n.labels)
     }
 
-    pub fn members(&self, namespace: &str) -> Option<&NamespaceMembers> {
+    pub(crate) fn members(&self, namespace: &str) -> Option<&NamespaceMembers> {
         self.members.get(namespace)
     }
 
     /// ServiceEntries of one namespace, in name order.
-    pub fn service_entries_in<'a>(
+    pub(crate) fn service_entries_in<'a>(
         &'a self,
         namespace: &'a str,
     ) -> impl Iterator<Item = &'a ServiceEntry> + 'a {
@@ -231,11 +231,11 @@ impl Store {
             .filter_map(move |name| self.service_entries.get(&key(namespace, name)))
     }
 
-    pub fn pods_in<'a>(&'a self, namespace: &'a str) -> impl Iterator<Item = &'a Pod> + 'a {
+    pub(crate) fn pods_in<'a>(&'a self, namespace: &'a str) -> impl Iterator<Item = &'a Pod> + 'a {
         self.pods.in_namespace(namespace)
     }
 
-    pub fn workload_entries_in<'a>(
+    pub(crate) fn workload_entries_in<'a>(
         &'a self,
         namespace: &'a str,
     ) -> impl Iterator<Item = &'a WorkloadEntry> + 'a {
@@ -246,7 +246,7 @@ impl Store {
     }
 
     /// AuthorizationPolicies of one namespace, in name order.
-    pub fn policies_in<'a>(
+    pub(crate) fn policies_in<'a>(
         &'a self,
         namespace: &'a str,
     ) -> impl Iterator<Item = &'a AuthorizationPolicy> + 'a {
@@ -257,7 +257,7 @@ impl Store {
     }
 
     /// PeerAuthentications of one namespace, in name order.
-    pub fn peer_authentications_in<'a>(
+    pub(crate) fn peer_authentications_in<'a>(
         &'a self,
         namespace: &'a str,
     ) -> impl Iterator<Item = &'a PeerAuthentication> + 'a {
@@ -269,7 +269,7 @@ impl Store {
 
     /// Services and ServiceEntries of `namespace` whose selector may match `labels` (their
     /// first selector entry does); callers check the whole selector.
-    pub fn selecting(&self, namespace: &str, labels: &Labels) -> BTreeSet<&ServiceRef> {
+    pub(crate) fn selecting(&self, namespace: &str, labels: &Labels) -> BTreeSet<&ServiceRef> {
         let Some(by_key) = self.selectors.get(namespace) else {
             return BTreeSet::new();
         };
@@ -323,7 +323,11 @@ impl Store {
     }
 
     /// The hostnames a service-publishing object claims.
-    pub fn claimed_hostnames(&self, service: &ServiceRef, settings: &Settings) -> Vec<String> {
+    pub(crate) fn claimed_hostnames(
+        &self,
+        service: &ServiceRef,
+        settings: &Settings,
+    ) -> Vec<String> {
         match service {
             ServiceRef::Kube(k) => self
                 .services
@@ -341,14 +345,14 @@ impl Store {
 
     /// The visibility of the ServiceEntries of `namespace` (meshConfig.serviceEntryVisibility,
     /// from the namespace's labels): `None` when the feature is not configured.
-    pub fn entry_visibility(&self, namespace: &str) -> Option<Visibility> {
+    pub(crate) fn entry_visibility(&self, namespace: &str) -> Option<Visibility> {
         let config = self.visibility.as_ref()?;
         Some(config.resolve(self.namespace_labels(namespace)))
     }
 
     /// The service accounts of a gateway's instance pods (its namespace's pods labelled with
     /// its name), sorted, one per pod as istiod lists them (two replicas, the account twice).
-    pub fn waypoint_accounts(&self, gateway: &Key) -> impl Iterator<Item = &str> {
+    pub(crate) fn waypoint_accounts(&self, gateway: &Key) -> impl Iterator<Item = &str> {
         self.waypoint_accounts
             .get(gateway)
             .into_iter()
@@ -358,7 +362,11 @@ impl Store {
 
     /// The AuthorizationPolicies whose `targetRef(s)` name the `kind` object `namespace/name`
     /// (namespace empty for a GatewayClass).
-    pub fn policies_targeting(&self, kind: &str, target: &Key) -> impl Iterator<Item = &Key> {
+    pub(crate) fn policies_targeting(
+        &self,
+        kind: &str,
+        target: &Key,
+    ) -> impl Iterator<Item = &Key> {
         self.policy_targets
             .get(&(kind.to_string(), target.clone()))
             .into_iter()
@@ -366,7 +374,7 @@ impl Store {
     }
 
     /// The AuthorizationPolicies that target a Service or ServiceEntry of `namespace`.
-    pub fn policies_targeting_namespace<'a>(
+    pub(crate) fn policies_targeting_namespace<'a>(
         &'a self,
         namespace: &'a str,
     ) -> impl Iterator<Item = &'a Key> + 'a {
@@ -379,7 +387,7 @@ impl Store {
     }
 
     /// The east-west gateways of `network`, by Gateway then address.
-    pub fn network_gateways(&self, network: &str) -> impl Iterator<Item = &NetworkGateway> {
+    pub(crate) fn network_gateways(&self, network: &str) -> impl Iterator<Item = &NetworkGateway> {
         self.network_gateways
             .get(network)
             .into_iter()
@@ -387,19 +395,19 @@ impl Store {
     }
 
     /// Every east-west gateway, by network, Gateway and address.
-    pub fn all_network_gateways(&self) -> impl Iterator<Item = &NetworkGateway> {
+    pub(crate) fn all_network_gateways(&self) -> impl Iterator<Item = &NetworkGateway> {
         self.network_gateways.values().flat_map(BTreeMap::values)
     }
 
     /// Whether the entries of `namespace` may be seen only there: NAMESPACE visibility.
-    pub fn entries_namespace_local(&self, namespace: &str) -> bool {
+    pub(crate) fn entries_namespace_local(&self, namespace: &str) -> bool {
         self.entry_visibility(namespace) == Some(Visibility::Namespace)
     }
 
     /// Which object publishes `namespace/hostname`: a Kubernetes Service always wins; otherwise
     /// the oldest ServiceEntry (creation time, then name). Losers publish nothing. A
     /// ServiceEntry of visibility NONE publishes nothing and takes no part.
-    pub fn slot_winner(&self, namespace: &str, hostname: &str) -> Option<ServiceRef> {
+    pub(crate) fn slot_winner(&self, namespace: &str, hostname: &str) -> Option<ServiceRef> {
         let claimants = self.hostnames.get(hostname)?;
         let hidden = self.entry_visibility(namespace) == Some(Visibility::None);
         claimants
@@ -414,7 +422,7 @@ impl Store {
     /// Whether the winner of `namespace/hostname` is the canonical one across namespaces: the
     /// Kubernetes Service if there is one, else the oldest ServiceEntry winner of PUBLIC
     /// visibility (a NAMESPACE one never is).
-    pub fn is_canonical(&self, namespace: &str, hostname: &str) -> bool {
+    pub(crate) fn is_canonical(&self, namespace: &str, hostname: &str) -> bool {
         let Some(claimants) = self.hostnames.get(hostname) else {
             return false;
         };
@@ -451,7 +459,7 @@ impl Store {
     }
 
     /// Stores an object, keeping every reverse index in step. Returns the previous value.
-    pub fn insert(&mut self, object: Object, settings: &Settings) -> Option<Object> {
+    pub(crate) fn insert(&mut self, object: Object, settings: &Settings) -> Option<Object> {
         let reference = object.object_ref();
         let old = self.remove(&reference, settings);
         let k = key(&reference.namespace, &reference.name);
@@ -553,7 +561,7 @@ impl Store {
     }
 
     /// Removes an object and its reverse-index entries. Returns it.
-    pub fn remove(&mut self, reference: &ObjectRef, settings: &Settings) -> Option<Object> {
+    pub(crate) fn remove(&mut self, reference: &ObjectRef, settings: &Settings) -> Option<Object> {
         use crate::discovery::model::Kind;
         let k = key(&reference.namespace, &reference.name);
         match reference.kind {
@@ -676,7 +684,7 @@ impl Store {
     }
 
     /// Whether the stored object equals `object`.
-    pub fn holds(&self, object: &Object) -> bool {
+    pub(crate) fn holds(&self, object: &Object) -> bool {
         let r = object.object_ref();
         let k = key(&r.namespace, &r.name);
         match object {
@@ -695,7 +703,7 @@ impl Store {
     }
 
     /// How many objects of one kind are stored.
-    pub fn count(&self, kind: crate::discovery::model::Kind) -> usize {
+    pub(crate) fn count(&self, kind: crate::discovery::model::Kind) -> usize {
         use crate::discovery::model::Kind;
         match kind {
             Kind::Namespace => self.namespaces.len(),
@@ -713,7 +721,7 @@ impl Store {
     }
 
     /// References to every stored object of one kind.
-    pub fn refs(&self, kind: crate::discovery::model::Kind) -> Vec<ObjectRef> {
+    pub(crate) fn refs(&self, kind: crate::discovery::model::Kind) -> Vec<ObjectRef> {
         use crate::discovery::model::Kind;
         fn keyed<V>(kind: Kind, map: &HashMap<Key, V>) -> Vec<ObjectRef> {
             map.keys()
@@ -747,7 +755,7 @@ impl Store {
 /// per-selector sets hold one or two entries each, where a `BTreeSet` allocates a node of
 /// eleven (632 to 896 bytes per Service).
 #[derive(Debug)]
-pub struct SmallSet<T>(Vec<T>);
+pub(crate) struct SmallSet<T>(Vec<T>);
 
 impl<T> Default for SmallSet<T> {
     fn default() -> Self {
@@ -756,26 +764,26 @@ impl<T> Default for SmallSet<T> {
 }
 
 impl<T: Ord> SmallSet<T> {
-    pub fn insert(&mut self, item: T) {
+    pub(crate) fn insert(&mut self, item: T) {
         if let Err(i) = self.0.binary_search(&item) {
             self.0.reserve_exact(1);
             self.0.insert(i, item);
         }
     }
 
-    pub fn remove(&mut self, item: &T) {
+    pub(crate) fn remove(&mut self, item: &T) {
         if let Ok(i) = self.0.binary_search(item) {
             self.0.remove(i);
             self.0.shrink_to_fit();
         }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
     /// In order.
-    pub fn iter(&self) -> std::slice::Iter<'_, T> {
+    pub(crate) fn iter(&self) -> std::slice::Iter<'_, T> {
         self.0.iter()
     }
 }
@@ -790,7 +798,7 @@ impl<'a, T> IntoIterator for &'a SmallSet<T> {
 }
 
 /// Pods named by a slice's endpoint targetRefs.
-pub fn slice_pods(slice: &EndpointSlice) -> Vec<Key> {
+pub(crate) fn slice_pods(slice: &EndpointSlice) -> Vec<Key> {
     slice
         .endpoints
         .iter()

@@ -29,7 +29,7 @@ use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 
 /// Entries a leaf holds before it becomes a branch (unless the hash bits are used up).
-pub const LEAF_MAX: usize = 16;
+pub(crate) const LEAF_MAX: usize = 16;
 /// Hash bits consumed per level.
 const BITS: u32 = 6;
 /// Levels that can branch (10 × 6 = 60 of the hash's 64 bits); a leaf below them grows freely.
@@ -172,7 +172,7 @@ pub struct Trie<E> {
 }
 
 /// A persistent hash map from `K` to `V`.
-pub type HashTrie<K, V> = Trie<(K, V)>;
+pub(crate) type HashTrie<K, V> = Trie<(K, V)>;
 
 impl<E> Default for Trie<E> {
     fn default() -> Self {
@@ -190,7 +190,7 @@ impl<E> Clone for Trie<E> {
 }
 
 impl<E: Entry> Trie<E> {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
@@ -203,7 +203,7 @@ impl<E: Entry> Trie<E> {
     }
 
     /// Whether both maps are the same, shared, tree (so certainly equal).
-    pub fn ptr_eq(&self, other: &Self) -> bool {
+    pub(crate) fn ptr_eq(&self, other: &Self) -> bool {
         match (&self.root, &other.root) {
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),
             (None, None) => true,
@@ -228,7 +228,7 @@ impl<E: Entry> Trie<E> {
         self.iter().map(|(_, v)| v)
     }
 
-    pub fn get_key_value<Q>(&self, key: &Q) -> Option<(&E::Key, &E::Value)>
+    pub(crate) fn get_key_value<Q>(&self, key: &Q) -> Option<(&E::Key, &E::Value)>
     where
         E::Key: Borrow<Q>,
         Q: Hash + Ord + ?Sized,
@@ -267,7 +267,7 @@ impl<E: Entry> Trie<E> {
     }
 
     /// Sets `key` to `value`; returns the value it replaces.
-    pub fn insert(&mut self, key: E::Key, value: E::Value) -> Option<E::Value> {
+    pub(crate) fn insert(&mut self, key: E::Key, value: E::Value) -> Option<E::Value> {
         let entry = E::new(key, value);
         let hash = hash_of(entry.key());
         let root = self
@@ -293,7 +293,7 @@ impl<E: Entry> Trie<E> {
     }
 
     /// Removes `key`; returns its value.
-    pub fn remove<Q>(&mut self, key: &Q) -> Option<E::Value>
+    pub(crate) fn remove<Q>(&mut self, key: &Q) -> Option<E::Value>
     where
         E::Key: Borrow<Q>,
         Q: Hash + Ord + ?Sized,
@@ -315,7 +315,7 @@ impl<E: Entry> Trie<E> {
     /// Calls `changed(key)` for every key whose value differs between `old` and `self` (present
     /// in one only, or with unequal values), skipping the subtrees the two maps share (every
     /// map in the process hashes alike, so equal keys sit at equal places).
-    pub fn diff<'a>(&'a self, old: &'a Self, mut changed: impl FnMut(&'a E::Key))
+    pub(crate) fn diff<'a>(&'a self, old: &'a Self, mut changed: impl FnMut(&'a E::Key))
     where
         E::Value: PartialEq,
     {
@@ -326,7 +326,7 @@ impl<E: Entry> Trie<E> {
 /// Changing values in place: for maps whose entries hold the key apart from the value.
 impl<K: Hash + Ord + Clone, V: Clone> HashTrie<K, V> {
     /// The stored key and a mutable value, copying the path to it where it is shared.
-    pub fn get_key_value_mut<Q>(&mut self, key: &Q) -> Option<(&K, &mut V)>
+    pub(crate) fn get_key_value_mut<Q>(&mut self, key: &Q) -> Option<(&K, &mut V)>
     where
         K: Borrow<Q>,
         Q: Hash + Ord + ?Sized,
@@ -352,7 +352,7 @@ impl<K: Hash + Ord + Clone, V: Clone> HashTrie<K, V> {
         }
     }
 
-    pub fn get_mut<Q>(&mut self, key: &Q) -> Option<&mut V>
+    pub(crate) fn get_mut<Q>(&mut self, key: &Q) -> Option<&mut V>
     where
         K: Borrow<Q>,
         Q: Hash + Ord + ?Sized,

@@ -625,3 +625,6 @@ fn lookup(snapshot: &Snapshot, kind: TypeKind, key: &str) -> Vec<String> {
             .unwrap_or_default(),
     }
 }
+
+#[cfg(test)]
+mod tests;

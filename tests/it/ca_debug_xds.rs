@@ -8,7 +8,7 @@ use crate::support::common as support;
 use std::time::Duration;
 
 use ambientd::ca::CaConfig;
-use ambientd::discovery::names::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
+use ambientd::discovery::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 use ambientd::pb::xds::DeltaDiscoveryRequest;
 use ambientd::pb::xds::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use ca_cluster::*;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use ambientd::app;
 use ambientd::ca::CaConfig;
 use ambientd::config::Config;
-use ambientd::discovery::names::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
+use ambientd::discovery::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 use ambientd::pb::istio::v1::auth::istio_certificate_service_client::IstioCertificateServiceClient;
 use ca_cluster::*;
 use ca_support::*;

@@ -620,7 +620,7 @@ fn discovery_selectors_become_a_mesh_config_ambientd_reads() {
         pairs
             .iter()
             .copied()
-            .collect::<ambientd::discovery::model::labels::Labels>()
+            .collect::<ambientd::discovery::model::Labels>()
     };
     assert_eq!(selectors.0.len(), 2);
     assert!(selectors.selects(&labels(&[("istio-discovery", "enabled")])));
@@ -673,7 +673,7 @@ fn discovery_selectors_become_a_mesh_config_ambientd_reads() {
 
 #[test]
 fn service_entry_visibility_joins_the_mesh_config() {
-    use ambientd::discovery::model::visibility::Visibility;
+    use ambientd::discovery::model::Visibility;
     let Some(helm) = engine() else { return };
     let visibility = json!({
         "defaultVisibility": "NAMESPACE",

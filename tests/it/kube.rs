@@ -174,8 +174,8 @@ async fn initial_sync_of_every_kind_is_what_the_manifests_source_reads() {
         from_manifests.handle(event);
     }
     for kind in Kind::ALL {
-        let mut refs = from_cluster.store().refs(kind);
-        let mut expected_refs = from_manifests.store().refs(kind);
+        let mut refs = from_cluster.refs(kind);
+        let mut expected_refs = from_manifests.refs(kind);
         refs.sort();
         expected_refs.sort();
         assert!(!refs.is_empty(), "{kind} has objects in the example");
@@ -183,7 +183,6 @@ async fn initial_sync_of_every_kind_is_what_the_manifests_source_reads() {
     }
     assert!(
         !from_cluster
-            .store()
             .refs(Kind::Pod)
             .iter()
             .any(|r| r.name == "crashed"),
@@ -191,7 +190,7 @@ async fn initial_sync_of_every_kind_is_what_the_manifests_source_reads() {
     );
     let versions = |index: &mut Index| {
         let snapshot = index.snapshot();
-        let of = |map: &ambientd::discovery::snapshot::ResourceMap| {
+        let of = |map: &ambientd::discovery::ResourceMap| {
             map.iter()
                 .map(|(name, r)| (name.clone(), r.version))
                 .collect::<BTreeMap<_, _>>()
@@ -650,7 +649,7 @@ async fn the_source_drives_an_index_directly() {
     for event in events {
         index.handle(event);
     }
-    assert_eq!(index.store().refs(Kind::Pod).len(), 1);
+    assert_eq!(index.refs(Kind::Pod).len(), 1);
     assert!(health.kinds().values().all(|k| k.synced && k.lists == 1));
 
     server.apply(pod("demo", "b", "10.0.0.2", "Running"));
@@ -663,7 +662,7 @@ async fn the_source_drives_an_index_directly() {
         "{event:?}"
     );
     index.handle(event);
-    assert_eq!(index.store().refs(Kind::Pod).len(), 2);
+    assert_eq!(index.refs(Kind::Pod).len(), 2);
 
     server.outage().await;
     tokio::time::timeout(WAIT, async {

@@ -3,6 +3,9 @@
 //! dependencies once instead of once per file. Run one module with its path as the filter:
 //! `cargo test --test it kube::` (a substring: `xds::` also runs `ca_debug_xds::`).
 //!
+//! Tests of the pure core (the discovery index, the push layer's subscription logic) are unit
+//! tests in the crate: `src/discovery/tests/`, `src/push/subscription/tests.rs`.
+//!
 //! `tests/idle_memory.rs` stays a binary of its own: its global allocator counts every
 //! allocation in the process, so other tests running beside it would count too.
 
@@ -15,13 +18,8 @@ mod ca_tls;
 mod chart;
 mod chart_rbac;
 mod chart_rbac_calls;
-mod conformance;
 mod debug;
 mod debug_browser;
-mod dependencies;
-mod index;
-mod index_changes;
-mod index_services;
 mod ip_allocate;
 mod kube;
 mod kube_e2e;
@@ -30,14 +28,9 @@ mod kube_leader;
 mod kube_token_review;
 mod kube_writes;
 mod replicas;
-mod reset_property;
-mod service_entry_visibility;
 mod shutdown;
 mod status_app;
-mod status_conditions;
 mod status_writer;
-mod subscription;
-mod waypoint_policy;
 mod xds;
 mod xds_flow;
 mod xds_scope;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use ambientd::app::Running;
 use ambientd::discovery::Snapshot;
-use ambientd::discovery::names::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
+use ambientd::discovery::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 use ambientd::pb::xds::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 use bytes::Bytes;
 use support::*;

@@ -159,7 +159,7 @@ fn snapshot_revision(running: &ambientd::app::Running, uid: &str) -> Option<Stri
     use prost::Message;
     let snapshot = running.snapshots.borrow().clone()?;
     let resource = snapshot
-        .resources(ambientd::discovery::names::TypeKind::Address)
+        .resources(ambientd::discovery::TypeKind::Address)
         .get(uid)?
         .clone();
     let address = ambientd::pb::workload::Address::decode(resource.value()).ok()?;

@@ -7,7 +7,7 @@ use crate::support::common as support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ambientd::discovery::names::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
+use ambientd::discovery::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 use ambientd::pb::xds::DeltaDiscoveryRequest;
 use support::*;
 

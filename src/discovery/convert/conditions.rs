@@ -28,7 +28,7 @@ const MESH_CONTROLLER: &str = "istio.io/mesh-controller";
 /// waypoint (and how ingress uses it), false with the reason a requested waypoint is not used,
 /// none when no waypoint is asked for. Waypoints consulted are pushed to `reads`. `local_only`:
 /// a ServiceEntry of NAMESPACE visibility, refused a waypoint of another namespace.
-pub fn service_waypoint_bound(
+pub(crate) fn service_waypoint_bound(
     store: &Store,
     namespace: &str,
     labels: &Labels,
@@ -50,7 +50,7 @@ pub fn service_waypoint_bound(
 /// visibility as the reason (`Public` or `Namespace`), when meshConfig.serviceEntryVisibility
 /// is configured. None otherwise, and none for visibility NONE (istiod publishes nothing for
 /// such an entry, so it has no status to report: Istio documents this as a known limitation).
-pub fn visibility_applied(store: &Store, namespace: &str) -> Option<StatusCondition> {
+pub(crate) fn visibility_applied(store: &Store, namespace: &str) -> Option<StatusCondition> {
     let visibility = store.entry_visibility(namespace)?;
     if visibility == Visibility::None {
         return None;
@@ -70,7 +70,7 @@ pub fn visibility_applied(store: &Store, namespace: &str) -> Option<StatusCondit
 /// `WaypointPolicyStatusCollection`, flattened as its `flattenConditions`): for each target,
 /// whether it binds to a waypoint; none for a policy without targets. Waypoints consulted are
 /// pushed to `reads`.
-pub fn waypoint_policy_accepted(
+pub(crate) fn waypoint_policy_accepted(
     root_namespace: &str,
     store: &Store,
     policy: &AuthorizationPolicy,
@@ -216,7 +216,7 @@ fn policy_binding(
 
 /// `istio.io/WaypointBound` of a WorkloadEntry: as for a service, with workload traffic (a
 /// service-only waypoint inherited from the namespace is no error, only no waypoint).
-pub fn workload_waypoint_bound(
+pub(crate) fn workload_waypoint_bound(
     store: &Store,
     namespace: &str,
     labels: &Labels,
@@ -228,7 +228,7 @@ pub fn workload_waypoint_bound(
 
 /// The condition for a binding outcome. `ingress` is the parsed `istio.io/ingress-use-waypoint`
 /// label (the object's, else its namespace's), when present.
-pub fn waypoint_bound(binding: &Binding, ingress: Option<bool>) -> Option<StatusCondition> {
+pub(crate) fn waypoint_bound(binding: &Binding, ingress: Option<bool>) -> Option<StatusCondition> {
     let (status, reason, message) = match binding {
         Binding::Unbound => return None,
         Binding::Bound { key, .. } => {

@@ -11,13 +11,13 @@ use crate::discovery::store::Store;
 use crate::pb::workload::{NetworkMode, Port, PortList, Workload, WorkloadStatus};
 
 /// An EndpointSlice endpoint's uid: `<cluster>/discovery.k8s.io/EndpointSlice/<ns>/<slice>/<ip>`.
-pub fn slice_uid(cluster_id: &str, namespace: &str, slice: &str, address: &str) -> String {
+pub(crate) fn slice_uid(cluster_id: &str, namespace: &str, slice: &str, address: &str) -> String {
     format!("{cluster_id}/discovery.k8s.io/EndpointSlice/{namespace}/{slice}/{address}")
 }
 
 /// The workloads of a slice labelled for an existing Service, by uid. An ExternalName Service
 /// publishes no Service, so istiod finds none for its slices and builds nothing.
-pub fn build(
+pub(crate) fn build(
     settings: &Settings,
     store: &Store,
     slice: &EndpointSlice,

@@ -13,7 +13,7 @@ use crate::pb::workload::{Port, PortList};
 
 /// The workload being placed into services.
 #[derive(Clone, Copy, Debug)]
-pub enum Member<'a> {
+pub(crate) enum Member<'a> {
     Pod(&'a Pod),
     /// A WorkloadEntry or ServiceEntry endpoint: its labels and its port-name map.
     Entry {
@@ -44,7 +44,7 @@ impl Member<'_> {
 
 /// Every service in `namespace` that selects the member, plus (for pods) Services whose
 /// EndpointSlices name the pod in a targetRef. Only the published winner of a hostname counts.
-pub fn services_map(
+pub(crate) fn services_map(
     settings: &Settings,
     store: &Store,
     namespace: &str,
@@ -99,7 +99,7 @@ pub fn services_map(
 
 /// The services of a ServiceEntry that one of its endpoints belongs to (all of its published
 /// hosts, or only `host` for an implicit DNS endpoint).
-pub fn entry_services(
+pub(crate) fn entry_services(
     store: &Store,
     se: &ServiceEntry,
     only_host: Option<&str>,
@@ -114,7 +114,7 @@ pub fn entry_services(
 }
 
 /// Whether a ServiceEntry is the published winner for one of its hosts.
-pub fn wins(store: &Store, se: &ServiceEntry, host: &str) -> bool {
+pub(crate) fn wins(store: &Store, se: &ServiceEntry, host: &str) -> bool {
     store.slot_winner(&se.namespace, host)
         == Some(ServiceRef::Entry((se.namespace.clone(), se.name.clone())))
 }
@@ -142,7 +142,7 @@ fn kube_entry(
 /// container port of that name, omitted when missing. Entries: a named targetPort is looked up
 /// in the entry's ports (omitted when missing); otherwise the service port's name, else the
 /// numeric targetPort.
-pub fn kube_ports(svc: &Service, member: Member<'_>) -> Vec<Port> {
+pub(crate) fn kube_ports(svc: &Service, member: Member<'_>) -> Vec<Port> {
     svc.ports
         .iter()
         .filter_map(|port| {
@@ -179,7 +179,7 @@ fn entry_ports(se: &ServiceEntry, member: Member<'_>) -> PortList {
 }
 
 /// An SE port's target: `targetPort`, or the port number when unset.
-pub fn se_target(port: &ServiceEntryPort) -> u16 {
+pub(crate) fn se_target(port: &ServiceEntryPort) -> u16 {
     port.target_port.unwrap_or(port.number)
 }
 

@@ -15,7 +15,7 @@ impl NetworkGateway {
     /// Its Workload: address (or hostname), network, and the identity its pods run as. Its
     /// `name` is its uid, as istiod sends it (a workload with an empty name reads as nameless
     /// in ztunnel's dumps and metrics).
-    pub fn workload(&self) -> Workload {
+    pub(crate) fn workload(&self) -> Workload {
         let (addresses, hostname) = match self.address.parse::<IpAddr>() {
             Ok(ip) => (vec![ip_bytes(&ip)], String::new()),
             Err(_) => (Vec::new(), self.address.clone()),
@@ -36,7 +36,7 @@ impl NetworkGateway {
 
 /// `Workload.network_gateway` for a workload on `network`: its first gateway (by Gateway, then
 /// address) with an HBONE port; none for the default (empty) network or one without gateways.
-pub fn for_network(store: &Store, network: &str) -> Option<GatewayAddress> {
+pub(crate) fn for_network(store: &Store, network: &str) -> Option<GatewayAddress> {
     if network.is_empty() {
         return None;
     }

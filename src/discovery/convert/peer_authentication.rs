@@ -27,28 +27,28 @@ use crate::pb::security::{
 mod tests;
 
 /// Name of the shared "deny plaintext" policy (`_` cannot appear in Kubernetes names).
-pub const STATIC_STRICT_NAME: &str = "istio_converted_static_strict";
+pub(crate) const STATIC_STRICT_NAME: &str = "istio_converted_static_strict";
 /// Prefix of a converted per-PA policy's name.
-pub const CONVERTED_PREFIX: &str = "converted_peer_authentication_";
+pub(crate) const CONVERTED_PREFIX: &str = "converted_peer_authentication_";
 
 /// The xDS name of the static policy: `<root ns>/istio_converted_static_strict`.
-pub fn static_strict_key(root_namespace: &str) -> String {
+pub(crate) fn static_strict_key(root_namespace: &str) -> String {
     format!("{root_namespace}/{STATIC_STRICT_NAME}")
 }
 
 /// The Authorization name of a PA's converted policy: `converted_peer_authentication_<name>`.
-pub fn converted_name(pa_name: &str) -> String {
+pub(crate) fn converted_name(pa_name: &str) -> String {
     format!("{CONVERTED_PREFIX}{pa_name}")
 }
 
 /// The xDS name of a PA's converted policy: `<pa ns>/converted_peer_authentication_<name>`.
-pub fn converted_key(pa: &PeerAuthentication) -> String {
+pub(crate) fn converted_key(pa: &PeerAuthentication) -> String {
     format!("{}/{}", pa.namespace, converted_name(&pa.name))
 }
 
 /// The shared policy that denies unauthenticated peers. Send it iff at least one
 /// PeerAuthentication exists anywhere; STRICT workloads reference it.
-pub fn static_strict_policy(root_namespace: &str) -> Authorization {
+pub(crate) fn static_strict_policy(root_namespace: &str) -> Authorization {
     Authorization {
         name: STATIC_STRICT_NAME.to_string(),
         namespace: root_namespace.to_string(),
@@ -106,7 +106,7 @@ fn keep_oldest<'a>(slot: &mut Option<&'a PeerAuthentication>, pa: &'a PeerAuthen
 /// namespace: the parents used are the oldest ones *without a `selector` field* (nsCfg,
 /// rootCfg). Port numbers above 65535 are skipped: ztunnel truncates ports to 16 bits, so
 /// sending one would hit an unrelated port (istiod would send it).
-pub fn converted_policy(
+pub(crate) fn converted_policy(
     pa: &PeerAuthentication,
     namespace_pas: &[&PeerAuthentication],
     root_pas: &[&PeerAuthentication],
@@ -205,7 +205,7 @@ pub fn converted_policy(
 /// STRICT, else `["<ns>/converted_peer_authentication_<name>"]` when port-level modes need it,
 /// else empty, never both. The converted key may name a policy [`converted_policy`] did not
 /// generate (istiod does the same; ztunnel skips unknown names).
-pub fn workload_references<'a>(
+pub(crate) fn workload_references<'a>(
     workload_namespace: &str,
     workload_labels: &Labels,
     pas_in_ns: &[&'a PeerAuthentication],

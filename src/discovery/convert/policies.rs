@@ -23,7 +23,7 @@ use crate::pb::workload::PortList;
 /// `Workload.authorization_policies`: the sorted `ns/name` of WORKLOAD_SELECTOR policies (in the
 /// workload's namespace or the root namespace) whose selector matches its labels, then the
 /// PeerAuthentication reference (static strict policy or a converted one).
-pub fn workload_policies(
+pub(crate) fn workload_policies(
     settings: &Settings,
     store: &Store,
     namespace: &str,
@@ -53,7 +53,7 @@ pub fn workload_policies(
 }
 
 /// The Authorization (if ztunnel should see it) and the status of one AuthorizationPolicy.
-pub fn convert(settings: &Settings, store: &Store, key: &Key) -> Option<ConvertedPolicy> {
+pub(crate) fn convert(settings: &Settings, store: &Store, key: &Key) -> Option<ConvertedPolicy> {
     let policy = store.policies().get(key)?;
     Some(authorization::convert_policy_with(
         policy,
@@ -65,7 +65,7 @@ pub fn convert(settings: &Settings, store: &Store, key: &Key) -> Option<Converte
 }
 
 /// The converted port-level policy of one PeerAuthentication, if it needs one.
-pub fn converted_peer_policy(
+pub(crate) fn converted_peer_policy(
     settings: &Settings,
     store: &Store,
     key: &Key,
@@ -79,13 +79,13 @@ pub fn converted_peer_policy(
 }
 
 /// The shared "deny plaintext" policy: served iff any PeerAuthentication exists.
-pub fn static_strict(settings: &Settings, store: &Store) -> Option<Authorization> {
+pub(crate) fn static_strict(settings: &Settings, store: &Store) -> Option<Authorization> {
     (!store.peer_authentications().is_empty())
         .then(|| static_strict_policy(&settings.root_namespace))
 }
 
 /// The name of a waypoint's implicit policy (`_` cannot appear in Kubernetes names).
-pub fn implicit_waypoint_policy_name(waypoint: &Key) -> String {
+pub(crate) fn implicit_waypoint_policy_name(waypoint: &Key) -> String {
     format!("istio_allow_waypoint_{}_{}", waypoint.0, waypoint.1)
 }
 
@@ -94,7 +94,7 @@ pub fn implicit_waypoint_policy_name(waypoint: &Key) -> String {
 /// identities those pods run as, which the workloads behind the waypoint list. Without it, an
 /// ALLOW policy on a workload must name the waypoint itself, or traffic through it is denied.
 /// `None` when the flag is off, `waypoint` is not a ready waypoint, or it has no instances.
-pub fn implicit_waypoint_policy(
+pub(crate) fn implicit_waypoint_policy(
     settings: &Settings,
     store: &Store,
     waypoint: &Key,
@@ -137,7 +137,7 @@ pub fn implicit_waypoint_policy(
 /// `implicitWaypointPolicies`): those of the waypoints its services are bound to (sorted, once
 /// each), then its own waypoint's; only waypoints that have such a policy. Nothing when the
 /// flag is off. The waypoints consulted are pushed to `reads`.
-pub fn implicit_waypoint_references(
+pub(crate) fn implicit_waypoint_references(
     settings: &Settings,
     store: &Store,
     own: Option<&Key>,

@@ -23,7 +23,7 @@ pub(crate) const INGRESS_USE_WAYPOINT: &str = "istio.io/ingress-use-waypoint";
 
 /// Builds the Service resource, or `None` for `type: ExternalName`. Waypoints consulted are
 /// pushed to `reads`.
-pub fn build(
+pub(crate) fn build(
     settings: &Settings,
     store: &Store,
     svc: &Service,
@@ -84,7 +84,7 @@ fn service_port(port: &ServicePort) -> Port {
 /// istiod's `ConvertProtocol` followed by the workload API mapping: UDP is UNKNOWN;
 /// `appProtocol` wins over the port name; the name's part before the first `-` is parsed
 /// case-insensitively; well-known ports with an unrecognised name are TCP.
-pub fn app_protocol(port: &ServicePort) -> AppProtocol {
+pub(crate) fn app_protocol(port: &ServicePort) -> AppProtocol {
     if port.protocol == Protocol::Udp {
         return AppProtocol::Unknown;
     }
@@ -115,7 +115,7 @@ pub fn app_protocol(port: &ServicePort) -> AppProtocol {
 
 /// Traffic distribution preference, from istiod's `GetTrafficDistribution`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Distribution {
+pub(crate) enum Distribution {
     SameZone,
     SameNode,
 }
@@ -130,7 +130,7 @@ fn distribution_from_spec(value: Option<&str>) -> Option<Distribution> {
 
 /// The traffic distribution named by the `networking.istio.io/traffic-distribution`
 /// annotation (case-insensitive); unknown values mean none.
-pub fn distribution_from_annotation(annotations: &Labels) -> Option<Distribution> {
+pub(crate) fn distribution_from_annotation(annotations: &Labels) -> Option<Distribution> {
     let value = annotations.get(TRAFFIC_DISTRIBUTION_ANNOTATION)?;
     match value.to_ascii_lowercase().as_str() {
         "preferclose" | "prefersamezone" => Some(Distribution::SameZone),
@@ -161,7 +161,7 @@ fn load_balancing(svc: &Service, namespace_annotations: Option<&Labels>) -> Opti
 }
 
 /// The FAILOVER load balancing of a traffic distribution.
-pub fn failover(distribution: Distribution) -> LoadBalancing {
+pub(crate) fn failover(distribution: Distribution) -> LoadBalancing {
     let scopes: &[Scope] = match distribution {
         Distribution::SameZone => &[Scope::Network, Scope::Region, Scope::Zone],
         Distribution::SameNode => &[
@@ -197,7 +197,7 @@ fn ip_families(families: &[IpFamily]) -> IpFamilies {
 /// `ingress_use_waypoint` is read from the Service, else its Namespace, and only when a waypoint
 /// resolved. `local_only` (a ServiceEntry of NAMESPACE visibility) refuses a primary or a
 /// canary in another namespace.
-pub fn waypoints(
+pub(crate) fn waypoints(
     store: &Store,
     namespace: &str,
     labels: &Labels,

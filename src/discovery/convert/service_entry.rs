@@ -22,7 +22,7 @@ const AUTOALLOCATE_LABEL: &str = "networking.istio.io/enable-autoallocate-ip";
 /// address that is neither an IP nor a CIDR drops them all, as istiod does. Its visibility
 /// (meshConfig.serviceEntryVisibility) marks them, and NAMESPACE keeps their waypoints in the
 /// namespace; NONE publishes nothing (the entry wins no host).
-pub fn build(
+pub(crate) fn build(
     settings: &Settings,
     store: &Store,
     se: &ServiceEntry,
@@ -108,7 +108,7 @@ pub fn build(
 /// `spec.addresses`, a resolution other than NONE, and no opt-out label
 /// `networking.istio.io/enable-autoallocate-ip: "false"`. The allocator
 /// (src/kube/ip_allocate.rs) assigns them by the same rule.
-pub fn auto_allocates(se: &ServiceEntry) -> bool {
+pub(crate) fn auto_allocates(se: &ServiceEntry) -> bool {
     se.addresses.is_empty()
         && se.resolution != Resolution::None
         && !se.labels.get(AUTOALLOCATE_LABEL).is_some_and(is_false)
@@ -116,7 +116,7 @@ pub fn auto_allocates(se: &ServiceEntry) -> bool {
 
 /// Whether `host` of an auto-allocating entry gets addresses: a wildcard host only with
 /// DYNAMIC_DNS resolution (istiod's `keepHost`).
-pub fn allocates_host(se: &ServiceEntry, host: &str) -> bool {
+pub(crate) fn allocates_host(se: &ServiceEntry, host: &str) -> bool {
     !host.starts_with('*') || se.resolution == Resolution::DynamicDns
 }
 

@@ -9,24 +9,10 @@ use crate::discovery::model::{Key, Labels};
 use crate::discovery::store::Store;
 use crate::pb::workload::{ApplicationTunnel, GatewayAddress};
 
-/// The waypoint an object uses: its own `istio.io/use-waypoint` label (`none` opts out), else its
-/// namespace's. A name that is not a ready waypoint, a waypoint that does not admit the object's
-/// namespace, or one of the wrong traffic type gives no waypoint: there is no fallback. Every
-/// waypoint consulted is pushed to `reads`, so a change to it re-evaluates this object.
-pub fn resolve(
-    store: &Store,
-    namespace: &str,
-    labels: &Labels,
-    bind: Bind,
-    reads: &mut Vec<Key>,
-) -> Option<GatewayAddress> {
-    binding(store, namespace, labels, bind, reads).into_address()
-}
-
 /// The outcome of resolving an object's waypoint, with the reason when it failed: what the
 /// `istio.io/WaypointBound` condition reports.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Binding {
+pub(crate) enum Binding {
     /// No waypoint asked for (no label, or `none`), or a silent miss (a workload inheriting a
     /// service-only waypoint from its namespace).
     Unbound,
@@ -38,14 +24,14 @@ pub enum Binding {
 
 impl Binding {
     /// The waypoint bound to, if any.
-    pub fn key(&self) -> Option<&Key> {
+    pub(crate) fn key(&self) -> Option<&Key> {
         match self {
             Binding::Bound { key, .. } => Some(key),
             Binding::Unbound | Binding::Failed(_) => None,
         }
     }
 
-    pub fn into_address(self) -> Option<GatewayAddress> {
+    pub(crate) fn into_address(self) -> Option<GatewayAddress> {
         match self {
             Binding::Bound { address, .. } => Some(address),
             Binding::Unbound | Binding::Failed(_) => None,
@@ -55,7 +41,7 @@ impl Binding {
 
 /// Why a requested waypoint is not used (istiod's binding status reasons).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum BindError {
+pub(crate) enum BindError {
     /// No ready waypoint by that name (a Gateway without status addresses counts as missing).
     NotReady(Key),
     /// The waypoint's allowedRoutes do not admit the object's namespace.
@@ -70,7 +56,7 @@ pub enum BindError {
 /// `computeWaypoint`: an instance of a ready waypoint (its [`GATEWAY_NAME_LABEL`] names a
 /// waypoint of its own namespace) uses none and carries that waypoint's inbound binding as its
 /// application tunnel; any other workload binds per [`binding`], with no application tunnel.
-pub fn workload_binding(
+pub(crate) fn workload_binding(
     store: &Store,
     namespace: &str,
     labels: &Labels,
@@ -90,8 +76,12 @@ pub fn workload_binding(
     )
 }
 
-/// [`resolve`], keeping the reason a requested waypoint was not used.
-pub fn binding(
+/// The waypoint an object uses: its own `istio.io/use-waypoint` label (`none` opts out), else its
+/// namespace's. A name that is not a ready waypoint, a waypoint that does not admit the object's
+/// namespace, or one of the wrong traffic type gives no waypoint, with the reason: there is no
+/// fallback. Every waypoint consulted is pushed to `reads`, so a change to it re-evaluates this
+/// object.
+pub(crate) fn binding(
     store: &Store,
     namespace: &str,
     labels: &Labels,
@@ -107,7 +97,7 @@ pub fn binding(
 /// [`binding`] for a Service or ServiceEntry. With `local_only` (a ServiceEntry of NAMESPACE
 /// visibility) a waypoint of another namespace is refused before it is looked up: it would let
 /// traffic and configuration leave the namespace.
-pub fn service_binding(
+pub(crate) fn service_binding(
     store: &Store,
     namespace: &str,
     labels: &Labels,
@@ -121,11 +111,6 @@ pub fn service_binding(
         Some((key, own)) => bind_key(store, namespace, &key, Bind::Service, own, reads),
         None => Binding::Unbound,
     }
-}
-
-/// The `(namespace, name)` an object's labels (or its namespace's) point at.
-pub fn binding_key(store: &Store, namespace: &str, labels: &Labels) -> Option<Key> {
-    requested(store, namespace, labels).map(|(key, _)| key)
 }
 
 /// The waypoint key asked for, and whether the object's own label asked (else its namespace's).
@@ -149,7 +134,7 @@ fn requested(store: &Store, namespace: &str, labels: &Labels) -> Option<(Key, bo
 }
 
 /// Resolves a specific waypoint key for an object in `namespace`.
-pub fn resolve_key(
+pub(crate) fn resolve_key(
     store: &Store,
     namespace: &str,
     key: &Key,
@@ -191,7 +176,7 @@ fn bind_key(
 
 /// Services and ServiceEntries that are themselves waypoints or east-west gateways never use
 /// one.
-pub fn never_uses_waypoint(labels: &Labels) -> bool {
+pub(crate) fn never_uses_waypoint(labels: &Labels) -> bool {
     labels
         .get(MANAGED_LABEL)
         .is_some_and(|v| v == "istio.io-mesh-controller" || v == "istio.io-eastwest-controller")

@@ -14,7 +14,7 @@ use crate::pb::workload::{
     Locality, NetworkMode, TunnelProtocol, Workload, WorkloadStatus, WorkloadType,
 };
 
-pub const REDIRECTION_ANNOTATION: &str = "ambient.istio.io/redirection";
+pub(crate) const REDIRECTION_ANNOTATION: &str = "ambient.istio.io/redirection";
 const TUNNEL_LABEL: &str = "networking.istio.io/tunnel";
 const WORKLOAD_NAME_LABEL: &str = "service.istio.io/workload-name";
 const REGION_LABEL: &str = "topology.kubernetes.io/region";
@@ -24,7 +24,7 @@ const SUBZONE_LABEL: &str = "topology.istio.io/subzone";
 /// Builds the Workload for a pod, or `None` when istiod would emit none: a terminal pod
 /// (`Succeeded`/`Failed`) or a pod without an IP. A `Pending` pod with an IP is emitted.
 /// Waypoints consulted are pushed to `reads`.
-pub fn build(
+pub(crate) fn build(
     settings: &Settings,
     store: &Store,
     pod: &Pod,
@@ -89,7 +89,7 @@ pub fn build(
 
 /// The deployment-ish name istiod derives from a pod's controller (`GetDeployMetaFromPod`),
 /// overridden by the `service.istio.io/workload-name` label.
-pub fn workload_name(pod: &Pod) -> String {
+pub(crate) fn workload_name(pod: &Pod) -> String {
     if let Some(name) = pod.labels().get(WORKLOAD_NAME_LABEL) {
         return name.to_string();
     }
@@ -133,7 +133,7 @@ fn first_label<'a>(labels: &'a Labels, keys: &[&str]) -> Option<&'a str> {
 
 /// First of `service.istio.io/canonical-name`, `app.kubernetes.io/name`, `app`; else the
 /// workload name.
-pub fn canonical_name(labels: &Labels, workload_name: &str) -> String {
+pub(crate) fn canonical_name(labels: &Labels, workload_name: &str) -> String {
     first_label(
         labels,
         &[
@@ -148,7 +148,7 @@ pub fn canonical_name(labels: &Labels, workload_name: &str) -> String {
 
 /// First of `service.istio.io/canonical-revision`, `app.kubernetes.io/version`, `version`; else
 /// `latest`.
-pub fn canonical_revision(labels: &Labels) -> String {
+pub(crate) fn canonical_revision(labels: &Labels) -> String {
     first_label(
         labels,
         &[
@@ -165,7 +165,10 @@ pub fn canonical_revision(labels: &Labels) -> String {
 /// pod redirected (`redirection`, the value of the [`REDIRECTION_ANNOTATION`]); then HBONE with
 /// `native_tunnel` when the tunnel label lists `http`, whether or not the annotation is set.
 /// Never LEGACY_ISTIO_MTLS: ztunnel rejects it, and istiod never sends it.
-pub fn tunnel_protocol(labels: &Labels, redirection: Option<&str>) -> (TunnelProtocol, bool) {
+pub(crate) fn tunnel_protocol(
+    labels: &Labels,
+    redirection: Option<&str>,
+) -> (TunnelProtocol, bool) {
     let mut result = (TunnelProtocol::None, false);
     if redirection == Some("enabled") {
         result = (TunnelProtocol::Hbone, false);
@@ -194,7 +197,7 @@ fn node_locality(store: &Store, node_name: &str) -> Option<Locality> {
 /// `region/zone/subzone` as written on a ServiceEntry endpoint or WorkloadEntry, split as
 /// istiod's `SplitLocalityLabel` does: the first three `/`-separated items, anything after the
 /// third ignored. `None` when all three are empty (`""`, `"//"`), as `getWorkloadEntryLocality`.
-pub fn parse_locality(text: &str) -> Option<Locality> {
+pub(crate) fn parse_locality(text: &str) -> Option<Locality> {
     let mut parts = text.split('/').map(str::to_string);
     let locality = Locality {
         region: parts.next().unwrap_or_default(),

@@ -23,13 +23,18 @@ const AUTO_REGISTRATION_GROUP: &str = "istio.io/autoRegistrationGroup";
 const WORKLOAD_NAME_LABEL: &str = "service.istio.io/workload-name";
 
 /// A WorkloadEntry's uid and xDS name.
-pub fn workload_entry_uid(cluster_id: &str, namespace: &str, name: &str) -> String {
+pub(crate) fn workload_entry_uid(cluster_id: &str, namespace: &str, name: &str) -> String {
     format!("{cluster_id}/networking.istio.io/WorkloadEntry/{namespace}/{name}")
 }
 
 /// A ServiceEntry endpoint's uid: the endpoint address (IP or hostname) as written, or the
 /// host for an implicit DNS endpoint.
-pub fn service_entry_uid(cluster_id: &str, namespace: &str, name: &str, address: &str) -> String {
+pub(crate) fn service_entry_uid(
+    cluster_id: &str,
+    namespace: &str,
+    name: &str,
+    address: &str,
+) -> String {
     format!("{cluster_id}/networking.istio.io/ServiceEntry/{namespace}/{name}/{address}")
 }
 
@@ -63,7 +68,7 @@ fn from_endpoint(settings: &Settings, store: &Store, endpoint: &Endpoint) -> Wor
 }
 
 /// A WorkloadEntry's Workload. Labels are `merge(spec.labels, metadata.labels)`.
-pub fn workload_entry(
+pub(crate) fn workload_entry(
     settings: &Settings,
     store: &Store,
     we: &WorkloadEntry,
@@ -113,7 +118,7 @@ pub fn workload_entry(
 /// The Workloads of a ServiceEntry, by uid: one per endpoint; or, for DNS resolution with
 /// neither endpoints nor a workload selector, one implicit workload per host. Nothing when the
 /// ServiceEntry publishes none of its hosts (it lost them to an older one).
-pub fn service_entry_workloads(
+pub(crate) fn service_entry_workloads(
     settings: &Settings,
     store: &Store,
     se: &ServiceEntry,

@@ -33,11 +33,11 @@ use crate::discovery::store::Store;
 mod build;
 mod dependants;
 
-pub use crate::discovery::settings::Settings;
+pub(crate) use crate::discovery::settings::Settings;
 
 /// A unit of rebuilding: one object and every resource it produces.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Target {
+pub(crate) enum Target {
     KubeService(Key),
     EntryServices(Key),
     Pod(Key),
@@ -116,13 +116,14 @@ impl Index {
         }
     }
 
-    pub fn settings(&self) -> &Settings {
-        &self.settings
+    /// The stored objects.
+    pub(crate) fn store(&self) -> &Store {
+        &self.store
     }
 
-    /// The stored objects.
-    pub fn store(&self) -> &Store {
-        &self.store
+    /// The objects of `kind` the index holds, in no particular order.
+    pub fn refs(&self, kind: Kind) -> Vec<ObjectRef> {
+        self.store.refs(kind)
     }
 
     /// Applies one source event. `Synced` changes nothing here; the caller uses it for readiness.
@@ -139,7 +140,10 @@ impl Index {
     /// Applies a new meshConfig.serviceEntryVisibility at runtime: every target is rebuilt
     /// under it, and, as for any change, only resources whose bytes differ (and conditions
     /// that differ) are reported.
-    pub fn set_visibility(&mut self, visibility: Option<Arc<ServiceEntryVisibility>>) -> Changes {
+    pub(crate) fn set_visibility(
+        &mut self,
+        visibility: Option<Arc<ServiceEntryVisibility>>,
+    ) -> Changes {
         if self.settings.service_entry_visibility == visibility {
             return Changes::default();
         }
@@ -251,12 +255,12 @@ impl Index {
     }
 
     /// How many Service resources (Kubernetes Services and ServiceEntry hosts) are served.
-    pub fn service_count(&self) -> usize {
+    pub(crate) fn service_count(&self) -> usize {
         self.service_count
     }
 
     /// Whether there are changes not yet published.
-    pub fn has_unpublished(&self) -> bool {
+    pub(crate) fn has_unpublished(&self) -> bool {
         self.unpublished_overflow || !self.unpublished.is_empty()
     }
 

@@ -6,9 +6,9 @@
 use crate::discovery::model::labels::Labels;
 
 /// The label that pins a config object to one istiod revision.
-pub const REVISION_LABEL: &str = "istio.io/rev";
+pub(crate) const REVISION_LABEL: &str = "istio.io/rev";
 /// The annotation that marks a policy as dry-run (`strconv.ParseBool` semantics).
-pub const DRY_RUN_ANNOTATION: &str = "istio.io/dry-run";
+pub(crate) const DRY_RUN_ANNOTATION: &str = "istio.io/dry-run";
 
 /// A `security.istio.io` AuthorizationPolicy, reduced to what the ztunnel conversion reads.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -59,7 +59,7 @@ pub enum PolicyAction {
 
 impl PolicyAction {
     /// The action as Istio spells it (`ALLOW`, ...), or the unknown text as written.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         match self {
             PolicyAction::Allow => "ALLOW",
             PolicyAction::Deny => "DENY",
@@ -135,13 +135,13 @@ pub struct Condition {
 }
 
 /// The xDS resource name of a policy: `<namespace>/<name>`, as istiod and ztunnel key it.
-pub fn xds_name(namespace: &str, name: &str) -> String {
+pub(crate) fn xds_name(namespace: &str, name: &str) -> String {
     format!("{namespace}/{name}")
 }
 
 impl AuthorizationPolicy {
     /// This policy's xDS resource name, `<namespace>/<name>`.
-    pub fn xds_name(&self) -> String {
+    pub(crate) fn xds_name(&self) -> String {
         xds_name(&self.namespace, &self.name)
     }
 }

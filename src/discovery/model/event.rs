@@ -43,13 +43,8 @@ impl Kind {
     ];
 
     /// Whether objects of this kind live in a namespace.
-    pub fn namespaced(self) -> bool {
+    pub(crate) fn namespaced(self) -> bool {
         !matches!(self, Kind::Namespace | Kind::Node | Kind::GatewayClass)
-    }
-
-    /// The kind named as in a manifest's `kind` field.
-    pub fn from_name(name: &str) -> Option<Kind> {
-        Kind::ALL.into_iter().find(|k| k.to_string() == name)
     }
 }
 
@@ -68,7 +63,7 @@ pub struct ObjectRef {
 }
 
 impl ObjectRef {
-    pub fn new(kind: Kind, namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub(crate) fn new(kind: Kind, namespace: impl Into<String>, name: impl Into<String>) -> Self {
         ObjectRef {
             kind,
             namespace: namespace.into(),

@@ -7,10 +7,10 @@ use std::net::IpAddr;
 use crate::discovery::model::labels::Labels;
 
 /// The label on the system namespace (and on east-west Gateways) that names a network.
-pub const NETWORK_LABEL: &str = "topology.istio.io/network";
+pub(crate) const NETWORK_LABEL: &str = "topology.istio.io/network";
 
 /// `(namespace, name)`: how stored objects of one kind are keyed.
-pub type Key = (String, String);
+pub(crate) type Key = (String, String);
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Namespace {
@@ -225,14 +225,15 @@ pub enum NamespaceSelector {
 
 impl NamespaceSelector {
     /// A selector of `matchLabels` only.
-    pub fn labels(labels: Labels) -> Self {
+    #[cfg(test)]
+    pub(crate) fn labels(labels: Labels) -> Self {
         NamespaceSelector::Match {
             labels,
             expressions: Vec::new(),
         }
     }
 
-    pub fn matches(&self, labels: &Labels) -> bool {
+    pub(crate) fn matches(&self, labels: &Labels) -> bool {
         match self {
             NamespaceSelector::Nothing => false,
             NamespaceSelector::Match {
@@ -263,7 +264,7 @@ pub enum LabelOperator {
 }
 
 impl LabelRequirement {
-    pub fn matches(&self, labels: &Labels) -> bool {
+    pub(crate) fn matches(&self, labels: &Labels) -> bool {
         let value = labels.get(&self.key);
         let listed = value.is_some_and(|v| self.values.iter().any(|w| w == v));
         match self.operator {
@@ -299,6 +300,6 @@ pub struct Gateway {
 }
 
 /// Whether a non-empty `selector` is a subset of `labels`.
-pub fn selects(selector: &Labels, labels: &Labels) -> bool {
+pub(crate) fn selects(selector: &Labels, labels: &Labels) -> bool {
     !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }

@@ -26,7 +26,7 @@ pub struct Labels {
 }
 
 impl Labels {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Labels::default()
     }
 
@@ -35,11 +35,12 @@ impl Labels {
     }
 
     /// Number of entries.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.entries().len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_none()
     }
 
@@ -53,34 +54,27 @@ impl Labels {
             .binary_search_by(|(k, _)| k.as_str().cmp(key))
     }
 
-    pub fn get(&self, key: &str) -> Option<&str> {
+    pub(crate) fn get(&self, key: &str) -> Option<&str> {
         self.find(key).ok().map(|i| self.entries()[i].1.as_str())
     }
 
-    pub fn contains_key(&self, key: &str) -> bool {
+    pub(crate) fn contains_key(&self, key: &str) -> bool {
         self.find(key).is_ok()
     }
 
     /// Entries in key order.
-    pub fn iter(&self) -> Iter<'_> {
+    pub(crate) fn iter(&self) -> Iter<'_> {
         self.entries().iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }
 
-    pub fn keys(&self) -> impl Iterator<Item = &str> {
-        self.iter().map(|(k, _)| k)
-    }
-
-    pub fn values(&self) -> impl Iterator<Item = &str> {
-        self.iter().map(|(_, v)| v)
-    }
-
     /// The entry with the smallest key.
-    pub fn first(&self) -> Option<(&str, &str)> {
+    #[cfg(test)]
+    pub(crate) fn first(&self) -> Option<(&str, &str)> {
         self.iter().next()
     }
 
     /// Sets one entry (rebuilding the whole map).
-    pub fn insert(&mut self, key: impl AsRef<str>, value: impl AsRef<str>) {
+    pub(crate) fn insert(&mut self, key: impl AsRef<str>, value: impl AsRef<str>) {
         let (key, value) = (key.as_ref(), value.as_ref());
         let mut entries: Vec<(CompactString, CompactString)> = self.entries().to_vec();
         match self.find(key) {
@@ -91,7 +85,7 @@ impl Labels {
     }
 
     /// Adds every entry of `other`, whose values win.
-    pub fn extend_from(&mut self, other: &Labels) {
+    pub(crate) fn extend_from(&mut self, other: &Labels) {
         if other.is_empty() {
             return;
         }
@@ -124,13 +118,13 @@ impl Labels {
 /// held, so the pods of one ReplicaSet (equal labels, as a rule) keep one copy between them.
 /// The store interns the labels of the pods it holds.
 #[derive(Debug, Default)]
-pub struct LabelSets {
+pub(crate) struct LabelSets {
     sets: HashSet<Labels>,
 }
 
 impl LabelSets {
     /// Makes `labels` share the buffer of an equal map interned before, or interns it.
-    pub fn share(&mut self, labels: &mut Labels) {
+    pub(crate) fn share(&mut self, labels: &mut Labels) {
         if labels.is_empty() {
             return;
         }
@@ -146,7 +140,7 @@ impl LabelSets {
     /// still alive: forgets the map if that holder was its last. Maps whose last holder left
     /// without this (a clone kept elsewhere at the time) are swept once they outnumber `live`,
     /// the holders left.
-    pub fn release(&mut self, labels: &Labels, live: usize) {
+    pub(crate) fn release(&mut self, labels: &Labels, live: usize) {
         if labels.holders() == 2 {
             self.sets.remove(labels);
         }
@@ -156,17 +150,19 @@ impl LabelSets {
     }
 
     /// How many distinct maps are interned.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.sets.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.sets.is_empty()
     }
 }
 
 /// Entries of [`Labels`], in key order.
-pub type Iter<'a> = std::iter::Map<
+pub(crate) type Iter<'a> = std::iter::Map<
     std::slice::Iter<'a, (CompactString, CompactString)>,
     fn(&'a (CompactString, CompactString)) -> (&'a str, &'a str),
 >;

@@ -15,28 +15,28 @@ use crate::pb::workload::{
 };
 
 /// The GatewayClass of the gateways that front other networks.
-pub const REMOTE_GATEWAY_CLASS: &str = "istio-remote";
+pub(crate) const REMOTE_GATEWAY_CLASS: &str = "istio-remote";
 /// Names the service account a gateway's pods run as.
-pub const SERVICE_ACCOUNT_ANNOTATION: &str = "gateway.istio.io/service-account";
+pub(crate) const SERVICE_ACCOUNT_ANNOTATION: &str = "gateway.istio.io/service-account";
 
 /// One address of an east-west gateway.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NetworkGateway {
-    pub network: String,
+pub(crate) struct NetworkGateway {
+    pub(crate) network: String,
     /// An IP or a hostname, as the Gateway's status writes it.
-    pub address: String,
-    pub hbone_port: u32,
+    pub(crate) address: String,
+    pub(crate) hbone_port: u32,
     /// The Gateway it comes from.
-    pub source: Key,
+    pub(crate) source: Key,
     /// The service account its pods run as (in the Gateway's namespace).
-    pub service_account: String,
+    pub(crate) service_account: String,
 }
 
 impl NetworkGateway {
     /// The Gateway's network gateways: none unless it is of class `istio-remote` and names a
     /// network; then one per IP or hostname status address, with its first HBONE listener's
     /// port (none without such a listener).
-    pub fn from_gateway(gw: &Gateway) -> Vec<NetworkGateway> {
+    pub(crate) fn from_gateway(gw: &Gateway) -> Vec<NetworkGateway> {
         let Some(network) = gw.labels.get(NETWORK_LABEL).filter(|n| !n.is_empty()) else {
             return Vec::new();
         };
@@ -66,7 +66,7 @@ impl NetworkGateway {
     }
 
     /// Its Workload's uid (and resource name).
-    pub fn uid(&self) -> String {
+    pub(crate) fn uid(&self) -> String {
         format!(
             "NetworkGateway/{}/{}/{}",
             self.network, self.address, self.hbone_port

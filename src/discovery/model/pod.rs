@@ -16,7 +16,7 @@ use compact_str::CompactString;
 
 use crate::discovery::model::kinds::Protocol;
 use crate::discovery::model::labels::Labels;
-pub use crate::discovery::model::uid::Uid;
+pub(crate) use crate::discovery::model::uid::Uid;
 use crate::discovery::model::uid::UidBuf;
 
 /// The controller owner of a pod (`ownerReferences[controller=true]`): owned in
@@ -88,7 +88,7 @@ pub struct Pod {
 }
 
 /// A pod's IPs, in order.
-pub type Ips<'a> = std::iter::Copied<std::slice::Iter<'a, IpAddr>>;
+pub(crate) type Ips<'a> = std::iter::Copied<std::slice::Iter<'a, IpAddr>>;
 
 impl Pod {
     pub fn name(&self) -> &str {
@@ -96,7 +96,7 @@ impl Pod {
     }
 
     /// `metadata.uid`.
-    pub fn uid(&self) -> Uid<'_> {
+    pub(crate) fn uid(&self) -> Uid<'_> {
         self.uid.as_uid()
     }
 
@@ -104,11 +104,11 @@ impl Pod {
         &self.namespace
     }
 
-    pub fn generate_name(&self) -> &str {
+    pub(crate) fn generate_name(&self) -> &str {
         &self.generate_name
     }
 
-    pub fn labels(&self) -> &Labels {
+    pub(crate) fn labels(&self) -> &Labels {
         &self.labels
     }
 
@@ -118,18 +118,18 @@ impl Pod {
     }
 
     /// The value of one of the annotations kept (sources keep only those the conversion reads).
-    pub fn annotation(&self, key: &str) -> Option<&str> {
+    pub(crate) fn annotation(&self, key: &str) -> Option<&str> {
         self.annotations().find(|(k, _)| *k == key).map(|(_, v)| v)
     }
 
     /// The annotations kept, in key order.
-    pub fn annotations(&self) -> impl Iterator<Item = (&str, &str)> {
+    pub(crate) fn annotations(&self) -> impl Iterator<Item = (&str, &str)> {
         self.annotations
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
     }
 
-    pub fn owner(&self) -> Option<Owner<&str>> {
+    pub(crate) fn owner(&self) -> Option<Owner<&str>> {
         self.owner.as_ref().map(|o| Owner {
             kind: o.kind.as_str(),
             name: o.name.as_str(),
@@ -137,7 +137,7 @@ impl Pod {
     }
 
     /// `metadata.deletionTimestamp` is set.
-    pub fn terminating(&self) -> bool {
+    pub(crate) fn terminating(&self) -> bool {
         self.terminating
     }
 
@@ -147,7 +147,7 @@ impl Pod {
     }
 
     /// Condition `Ready` is `True`.
-    pub fn ready(&self) -> bool {
+    pub(crate) fn ready(&self) -> bool {
         self.ready
     }
 
@@ -157,20 +157,20 @@ impl Pod {
     }
 
     /// `spec.serviceAccountName`.
-    pub fn service_account(&self) -> &str {
+    pub(crate) fn service_account(&self) -> &str {
         &self.service_account
     }
 
-    pub fn node_name(&self) -> &str {
+    pub(crate) fn node_name(&self) -> &str {
         &self.node_name
     }
 
-    pub fn host_network(&self) -> bool {
+    pub(crate) fn host_network(&self) -> bool {
         self.host_network
     }
 
     /// Named ports of containers and native sidecar init containers, in declaration order.
-    pub fn ports(&self) -> impl Iterator<Item = ContainerPort<&str>> {
+    pub(crate) fn ports(&self) -> impl Iterator<Item = ContainerPort<&str>> {
         self.ports.iter().map(|p| ContainerPort {
             name: p.name.as_str(),
             port: p.port,
@@ -200,7 +200,8 @@ impl Pod {
     }
 
     /// The fields, as owned strings.
-    pub fn to_fields(&self) -> PodFields {
+    #[cfg(test)]
+    pub(crate) fn to_fields(&self) -> PodFields {
         PodFields {
             name: self.name().to_string(),
             uid: self.uid().to_string(),

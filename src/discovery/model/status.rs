@@ -5,17 +5,17 @@
 use crate::discovery::model::kinds::Key;
 
 /// The condition type istiod writes on an AuthorizationPolicy sent to ztunnel.
-pub const ZTUNNEL_ACCEPTED: &str = "ZtunnelAccepted";
+pub(crate) const ZTUNNEL_ACCEPTED: &str = "ZtunnelAccepted";
 /// The condition type istiod writes on Services, ServiceEntries (and here WorkloadEntries).
-pub const WAYPOINT_BOUND: &str = "istio.io/WaypointBound";
+pub(crate) const WAYPOINT_BOUND: &str = "istio.io/WaypointBound";
 /// The reason of a true `WaypointBound`.
-pub const WAYPOINT_ACCEPTED: &str = "WaypointAccepted";
+pub(crate) const WAYPOINT_ACCEPTED: &str = "WaypointAccepted";
 /// The condition type istiod writes on an AuthorizationPolicy with `targetRef(s)`: whether it
 /// binds to a waypoint.
-pub const WAYPOINT_POLICY_ACCEPTED: &str = "WaypointAccepted";
+pub(crate) const WAYPOINT_POLICY_ACCEPTED: &str = "WaypointAccepted";
 /// The condition type naming a ServiceEntry's resolved visibility, when
 /// meshConfig.serviceEntryVisibility is configured.
-pub const VISIBILITY_APPLIED: &str = "istio.io/VisibilityApplied";
+pub(crate) const VISIBILITY_APPLIED: &str = "istio.io/VisibilityApplied";
 
 /// One condition as istiod computes it: type, status, reason and message.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,7 +31,7 @@ pub struct StatusCondition {
 /// The conditions ambientd writes: each is one condition type on the objects of one kind,
 /// kept and written independently of the others (a ServiceEntry can carry two).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum StatusKind {
+pub(crate) enum StatusKind {
     AuthorizationPolicy,
     Service,
     ServiceEntry,
@@ -43,7 +43,7 @@ pub enum StatusKind {
 }
 
 impl StatusKind {
-    pub const ALL: [StatusKind; 6] = [
+    pub(crate) const ALL: [StatusKind; 6] = [
         StatusKind::AuthorizationPolicy,
         StatusKind::Service,
         StatusKind::ServiceEntry,
@@ -53,7 +53,7 @@ impl StatusKind {
     ];
 
     /// The condition type this one is.
-    pub fn condition_type(self) -> &'static str {
+    pub(crate) fn condition_type(self) -> &'static str {
         match self {
             StatusKind::AuthorizationPolicy => ZTUNNEL_ACCEPTED,
             StatusKind::ServiceEntryVisibility => VISIBILITY_APPLIED,
@@ -65,7 +65,7 @@ impl StatusKind {
     }
 
     /// The Kubernetes kind name of the object that carries it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             StatusKind::AuthorizationPolicy | StatusKind::WaypointPolicy => "AuthorizationPolicy",
             StatusKind::Service => "Service",
@@ -77,14 +77,14 @@ impl StatusKind {
 
 /// An object that may carry a condition.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StatusTarget {
-    pub kind: StatusKind,
-    pub namespace: Box<str>,
-    pub name: Box<str>,
+pub(crate) struct StatusTarget {
+    pub(crate) kind: StatusKind,
+    pub(crate) namespace: Box<str>,
+    pub(crate) name: Box<str>,
 }
 
 impl StatusTarget {
-    pub fn new(kind: StatusKind, key: &Key) -> Self {
+    pub(crate) fn new(kind: StatusKind, key: &Key) -> Self {
         StatusTarget {
             kind,
             namespace: key.0.as_str().into(),
@@ -111,4 +111,4 @@ pub struct DesiredStatus {
 
 /// `ZtunnelAccepted` of one AuthorizationPolicy: whether (and how completely) it is
 /// sent to ztunnel; the reason is `Accepted` or `UnsupportedValue`.
-pub type PolicyStatus = StatusCondition;
+pub(crate) type PolicyStatus = StatusCondition;

@@ -7,7 +7,7 @@ use compact_str::CompactString;
 /// A Kubernetes `metadata.uid`, borrowed from a pod or a resource: the 16 bytes of a UUID
 /// written as the API server writes them (lowercase, `8-4-4-4-12`), or any other text as is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Uid<'a> {
+pub(crate) enum Uid<'a> {
     Uuid([u8; 16]),
     Text(&'a str),
 }
@@ -15,7 +15,7 @@ pub enum Uid<'a> {
 impl<'a> Uid<'a> {
     /// Reads `text` as a UUID when it is one in the API server's form (so it formats back to
     /// the same text); anything else is text.
-    pub fn parse(text: &'a str) -> Self {
+    pub(crate) fn parse(text: &'a str) -> Self {
         match uuid::Uuid::try_parse(text) {
             Ok(uuid)
                 if uuid
@@ -29,12 +29,12 @@ impl<'a> Uid<'a> {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         *self == Uid::Text("")
     }
 
     /// Whether this is the uid written `text`.
-    pub fn is(&self, text: &str) -> bool {
+    pub(crate) fn is(&self, text: &str) -> bool {
         *self == Uid::parse(text)
     }
 }
@@ -50,7 +50,7 @@ impl fmt::Display for Uid<'_> {
 
 /// An owned [`Uid`]: a UUID's bytes, or other text (inline up to 24 bytes).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum UidBuf {
+pub(crate) enum UidBuf {
     Uuid([u8; 16]),
     Text(CompactString),
 }
@@ -62,7 +62,7 @@ impl Default for UidBuf {
 }
 
 impl UidBuf {
-    pub fn as_uid(&self) -> Uid<'_> {
+    pub(crate) fn as_uid(&self) -> Uid<'_> {
         match self {
             UidBuf::Uuid(bytes) => Uid::Uuid(*bytes),
             UidBuf::Text(text) => Uid::Text(text),

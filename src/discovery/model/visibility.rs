@@ -24,7 +24,7 @@ pub enum Visibility {
 
 impl Visibility {
     /// The mesh config's enum name (`UNSPECIFIED` is PUBLIC, as in istiod).
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub(crate) fn parse(text: &str) -> Result<Self, String> {
         match text {
             "" | "UNSPECIFIED" | "PUBLIC" => Ok(Visibility::Public),
             "NAMESPACE" => Ok(Visibility::Namespace),
@@ -36,7 +36,7 @@ impl Visibility {
     }
 
     /// The `istio.io/VisibilityApplied` reason: `Public`, `Namespace` (or `None`).
-    pub fn as_reason(self) -> &'static str {
+    pub(crate) fn as_reason(self) -> &'static str {
         match self {
             Visibility::Public => "Public",
             Visibility::Namespace => "Namespace",
@@ -45,7 +45,7 @@ impl Visibility {
     }
 
     /// `istio.workload.Service.visibility`: NAMESPACE is 1, everything else PUBLIC (0).
-    pub fn wire(self) -> i32 {
+    pub(crate) fn wire(self) -> i32 {
         match self {
             Visibility::Namespace => crate::pb::workload::service::Visibility::Namespace as i32,
             Visibility::Public | Visibility::None => {
@@ -76,7 +76,7 @@ pub struct ServiceEntryVisibility {
 impl ServiceEntryVisibility {
     /// The visibility of a ServiceEntry whose namespace carries `labels` (`None`: the
     /// Namespace object is unknown, so only selectors that need no label match).
-    pub fn resolve(&self, labels: Option<&Labels>) -> Visibility {
+    pub(crate) fn resolve(&self, labels: Option<&Labels>) -> Visibility {
         let empty = Labels::default();
         let labels = labels.unwrap_or(&empty);
         self.policies

@@ -12,18 +12,18 @@ use crate::pb::workload::{
     application_tunnel::Protocol as TunnelProtocol, gateway_address::Destination,
 };
 
-pub const USE_WAYPOINT: &str = "istio.io/use-waypoint";
-pub const USE_WAYPOINT_NAMESPACE: &str = "istio.io/use-waypoint-namespace";
-pub const WAYPOINT_FOR: &str = "istio.io/waypoint-for";
-pub const GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
-pub const INBOUND_BINDING: &str = "ambient.istio.io/waypoint-inbound-binding";
-pub const MANAGED_LABEL: &str = "gateway.istio.io/managed";
+pub(crate) const USE_WAYPOINT: &str = "istio.io/use-waypoint";
+pub(crate) const USE_WAYPOINT_NAMESPACE: &str = "istio.io/use-waypoint-namespace";
+pub(crate) const WAYPOINT_FOR: &str = "istio.io/waypoint-for";
+pub(crate) const GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
+pub(crate) const INBOUND_BINDING: &str = "ambient.istio.io/waypoint-inbound-binding";
+pub(crate) const MANAGED_LABEL: &str = "gateway.istio.io/managed";
 /// HBONE port of every waypoint; istiod hard-codes it.
-pub const HBONE_PORT: u32 = 15008;
+pub(crate) const HBONE_PORT: u32 = 15008;
 
 /// Which traffic a waypoint takes (`istio.io/waypoint-for`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TrafficType {
+pub(crate) enum TrafficType {
     Service,
     Workload,
     All,
@@ -54,24 +54,28 @@ impl TrafficType {
 
 /// What kind of object is binding: services and workloads accept different traffic types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Bind {
+pub(crate) enum Bind {
     Service,
     Workload,
 }
 
 /// A Gateway with a status address: ready to be used as a waypoint.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Waypoint {
-    pub address: GatewayAddress,
-    pub traffic: TrafficType,
-    pub allowed: AllowedNamespaces,
+pub(crate) struct Waypoint {
+    pub(crate) address: GatewayAddress,
+    pub(crate) traffic: TrafficType,
+    pub(crate) allowed: AllowedNamespaces,
     /// From the inbound-binding annotation: the application tunnel of its instance pods.
-    pub binding: Option<ApplicationTunnel>,
+    pub(crate) binding: Option<ApplicationTunnel>,
 }
 
 impl Waypoint {
     /// Derives the waypoint of a Gateway, or `None` while it has no usable status address.
-    pub fn from_gateway(gw: &Gateway, class: Option<&GatewayClass>, network: &str) -> Option<Self> {
+    pub(crate) fn from_gateway(
+        gw: &Gateway,
+        class: Option<&GatewayClass>,
+        network: &str,
+    ) -> Option<Self> {
         let hostname = gw.addresses.iter().find(|(kind, _)| kind == "Hostname");
         let destination = match hostname {
             Some((_, host)) => Destination::Hostname(NamespacedHostname {
@@ -129,7 +133,7 @@ impl Waypoint {
     }
 
     /// Whether objects in `namespace` may bind to this waypoint (in `waypoint_namespace`).
-    pub fn admits(
+    pub(crate) fn admits(
         &self,
         waypoint_namespace: &str,
         namespace: &str,

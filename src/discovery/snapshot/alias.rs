@@ -19,7 +19,7 @@ use crate::discovery::trie::HashTrie;
 
 /// A `network/ip` key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Alias {
+pub(crate) struct Alias {
     /// Index of the network's name in the snapshot's [`Networks`] (0: the default, `""`).
     network: u16,
     ip: IpAddr,
@@ -29,7 +29,7 @@ pub struct Alias {
 /// (`""`) is always first. Networks are few and never forgotten (an unused name costs nothing
 /// but its string).
 #[derive(Clone, Debug)]
-pub struct Networks(std::sync::Arc<[Name]>);
+pub(crate) struct Networks(std::sync::Arc<[Name]>);
 
 impl Default for Networks {
     fn default() -> Self {
@@ -59,7 +59,7 @@ impl Networks {
 
     /// The alias a lookup key names (`network/ip`); `None` when it is not one, or names a
     /// network no address is on.
-    pub fn parse(&self, key: &str) -> Option<Alias> {
+    pub(crate) fn parse(&self, key: &str) -> Option<Alias> {
         let (network, ip) = key.split_once('/')?;
         Some(Alias {
             network: self.index(network)?,
@@ -68,7 +68,7 @@ impl Networks {
     }
 
     /// The key as text: `network/ip`.
-    pub fn text(&self, alias: &Alias) -> String {
+    pub(crate) fn text(&self, alias: &Alias) -> String {
         let network = self.0.get(usize::from(alias.network)).map_or("", |n| n);
         format!("{network}/{}", alias.ip)
     }
@@ -79,14 +79,14 @@ impl Networks {
 /// 48. The few addresses with several (a VIP shared by services, pods on the host network) are
 /// in a map of their own.
 #[derive(Clone, Debug, Default)]
-pub struct Aliases {
+pub(crate) struct Aliases {
     one: HashTrie<Alias, Name>,
     many: HashTrie<Alias, NameSet>,
 }
 
 impl Aliases {
     /// The names at `alias`, sorted.
-    pub fn get(&self, alias: &Alias) -> Option<NameSet> {
+    pub(crate) fn get(&self, alias: &Alias) -> Option<NameSet> {
         match self.one.get(alias) {
             Some(name) => Some(NameSet::One(name.clone())),
             None => self.many.get(alias).cloned(),
@@ -94,7 +94,8 @@ impl Aliases {
     }
 
     /// Whether `name` is among the names at `alias`.
-    pub fn holds(&self, alias: &Alias, name: &str) -> bool {
+    #[cfg(test)]
+    pub(crate) fn holds(&self, alias: &Alias, name: &str) -> bool {
         match self.one.get(alias) {
             Some(one) => **one == *name,
             None => self
@@ -105,7 +106,7 @@ impl Aliases {
     }
 
     /// Adds `name` at `alias` (nothing if it is there).
-    pub fn add(&mut self, alias: &Alias, name: &Name) {
+    pub(crate) fn add(&mut self, alias: &Alias, name: &Name) {
         if let Some(names) = self.many.get(alias) {
             if let Err(at) = names.binary_search(name)
                 && let Some(names) = self.many.get_mut(alias)
@@ -130,7 +131,7 @@ impl Aliases {
     }
 
     /// Removes `name` from `alias`, and the alias with its last name.
-    pub fn remove(&mut self, alias: &Alias, name: &str) {
+    pub(crate) fn remove(&mut self, alias: &Alias, name: &str) {
         if self.one.get(alias).is_some_and(|one| **one == *name) {
             self.one.remove(alias);
             return;
@@ -153,16 +154,18 @@ impl Aliases {
     }
 
     /// Every alias with its names (in no particular order).
-    pub fn iter(&self) -> impl Iterator<Item = (&Alias, NameSet)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&Alias, NameSet)> {
         let one = self.one.iter().map(|(a, n)| (a, NameSet::One(n.clone())));
         one.chain(self.many.iter().map(|(a, names)| (a, names.clone())))
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.one.len() + self.many.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }

@@ -11,24 +11,24 @@ use crate::pb::istio::workload::{Address, GatewayAddress, address};
 
 /// The lookup facts of one Address resource. Empty for other resource types.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Links {
+pub(crate) struct Links {
     /// Its addresses as `(network, ip)`, sorted and unique: a workload's `addresses` on its
     /// `network`, or a service's addresses (a CIDR by its IP alone, as istiod's address index
     /// keys it).
-    pub addresses: Box<[(Name, IpAddr)]>,
+    pub(crate) addresses: Box<[(Name, IpAddr)]>,
     /// A workload's node, when set.
-    pub node: Option<Name>,
+    pub(crate) node: Option<Name>,
     /// The keys (`namespace/hostname`) of a workload's services map, sorted.
-    pub services: Box<[Name]>,
+    pub(crate) services: Box<[Name]>,
     /// The lookup key of the waypoint it uses: `ns/hostname`, or `network/ip`.
-    pub waypoint: Option<Name>,
+    pub(crate) waypoint: Option<Name>,
     /// The Address holds a Service (else a Workload).
-    pub is_service: bool,
+    pub(crate) is_service: bool,
 }
 
 impl Links {
     /// The facts of an Address message.
-    pub fn of(message: &Address) -> Self {
+    pub(crate) fn of(message: &Address) -> Self {
         match &message.r#type {
             Some(address::Type::Workload(w)) => {
                 let network = Name::from(w.network.as_str());

@@ -7,7 +7,7 @@ use std::sync::Arc;
 /// node indexes and the change history, where `String`s would store a workload's uid five times.
 /// An `ArcStr` keeps the length in the allocation, so each of those holders is a thin 8-byte
 /// pointer (an `Arc<str>` is 16): about 30 B per pod in a 100k-pod mesh.
-pub type Name = arcstr::ArcStr;
+pub(crate) type Name = arcstr::ArcStr;
 
 /// Resource names, sorted and unique, shared between snapshots: the names with one
 /// `network/ip`, and the workloads of one service or node. An address's are nearly always

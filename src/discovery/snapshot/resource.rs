@@ -4,29 +4,28 @@
 //! Each resource is encoded once; its version is a hash of those bytes, so replicas agree on
 //! versions for the same content and an unchanged resource is never re-sent.
 
-use bytes::{BufMut, Bytes};
+use bytes::BufMut;
 use prost::Message;
 
 use crate::discovery::model::uid::{Uid, UidBuf};
 use crate::discovery::names::TypeKind;
 use crate::discovery::snapshot::links::Links;
 use crate::discovery::snapshot::name::Name;
-use crate::pb::google::protobuf::Any;
 use crate::pb::istio::workload::Address;
 
 /// A resource's version: the xxhash64 of its encoded value. Kept as the number (8 bytes, no
 /// allocation) and sent as istiod sends it: lowercase hex, without leading zeros.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Version(pub u64);
+pub struct Version(pub(crate) u64);
 
 impl Version {
     /// The version of an encoded value.
-    pub fn of(value: &[u8]) -> Self {
+    pub(crate) fn of(value: &[u8]) -> Self {
         Version(xxhash_rust::xxh64::xxh64(value, 0))
     }
 
     /// The hex digits as sent, without allocating.
-    pub fn digits(self, buf: &mut [u8; 16]) -> &[u8] {
+    pub(crate) fn digits(self, buf: &mut [u8; 16]) -> &[u8] {
         let mut n = self.0;
         let mut i = buf.len();
         loop {
@@ -45,7 +44,7 @@ impl Version {
     }
 
     /// The length of the version as sent.
-    pub fn hex_len(self) -> usize {
+    pub(crate) fn hex_len(self) -> usize {
         // One digit per four significant bits, and "0" for zero.
         (16 - self.0.leading_zeros() as usize / 4).max(1)
     }
@@ -65,7 +64,7 @@ pub struct Resource {
     /// xxhash64 of the encoded `Any` value, sent as hex.
     pub version: Version,
     /// The resource type, which names the `Any`'s type URL.
-    pub kind: TypeKind,
+    pub(crate) kind: TypeKind,
     /// The encoded message: the `Any`'s value.
     value: Box<[u8]>,
     /// What the index looks an Address up by (empty for other types).
@@ -76,7 +75,7 @@ pub struct Resource {
 
 impl Resource {
     /// Encodes `message` as an `Any` of `kind`'s type URL and versions it by content.
-    pub fn encode<M: Message>(kind: TypeKind, name: impl Into<Name>, message: &M) -> Self {
+    pub(crate) fn encode<M: Message>(kind: TypeKind, name: impl Into<Name>, message: &M) -> Self {
         let value = message.encode_to_vec().into_boxed_slice();
         Resource {
             name: name.into(),
@@ -89,7 +88,7 @@ impl Resource {
     }
 
     /// An Address resource, with the [`Links`] its message gives.
-    pub fn address(name: impl Into<Name>, message: &Address) -> Self {
+    pub(crate) fn address(name: impl Into<Name>, message: &Address) -> Self {
         Resource {
             links: Links::of(message),
             ..Resource::encode(TypeKind::Address, name, message)
@@ -107,38 +106,38 @@ impl Resource {
     }
 
     /// Writes the encoded value, as sent.
-    pub fn write_value(&self, buf: &mut impl BufMut) {
+    pub(crate) fn write_value(&self, buf: &mut impl BufMut) {
         buf.put_slice(&self.value);
     }
 
     /// Whether `other` has the same value. The pod uid, never sent, is not compared.
-    pub fn same_value(&self, other: &Resource) -> bool {
+    pub(crate) fn same_value(&self, other: &Resource) -> bool {
         self.value == other.value
     }
 
     /// What the index looks this Address up by.
-    pub fn links(&self) -> &Links {
+    pub(crate) fn links(&self) -> &Links {
         &self.links
     }
 
     /// Whether this Address holds a Service (else a Workload).
-    pub fn is_service(&self) -> bool {
+    pub(crate) fn is_service(&self) -> bool {
         self.links.is_service
     }
 
     /// Lookup key of the waypoint this workload or service uses.
-    pub fn waypoint(&self) -> Option<Name> {
+    pub(crate) fn waypoint(&self) -> Option<Name> {
         self.links.waypoint.clone()
     }
 
     /// For a pod's workload: the pod's Kubernetes `metadata.uid` (the CA checks a token's pod
     /// binding against it). Not sent; a pod re-created under its name changes only this.
-    pub fn pod_uid(&self) -> Option<Uid<'_>> {
+    pub(crate) fn pod_uid(&self) -> Option<Uid<'_>> {
         self.pod_uid.as_ref().map(UidBuf::as_uid)
     }
 
     /// Sets the pod uid (an empty one is none).
-    pub fn set_pod_uid(&mut self, uid: Uid<'_>) {
+    pub(crate) fn set_pod_uid(&mut self, uid: Uid<'_>) {
         self.pod_uid = (!uid.is_empty()).then(|| UidBuf::from(uid));
     }
 
@@ -148,10 +147,11 @@ impl Resource {
     }
 
     /// The payload as sent (a copy; the push path writes with [`Resource::write_value`]).
-    pub fn any(&self) -> Any {
-        Any {
+    #[cfg(test)]
+    pub(crate) fn any(&self) -> crate::pb::google::protobuf::Any {
+        crate::pb::google::protobuf::Any {
             type_url: self.type_url().to_string(),
-            value: Bytes::copy_from_slice(&self.value),
+            value: bytes::Bytes::copy_from_slice(&self.value),
         }
     }
 }

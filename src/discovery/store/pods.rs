@@ -14,7 +14,7 @@ use crate::discovery::model::labels::LabelSets;
 /// that a half-empty table slot costs 8 bytes, not a whole pod. Equal label maps
 /// ([`LabelSets`]) and equal strings ([`Pod::share_strings`]) are stored once.
 #[derive(Debug, Default)]
-pub struct Pods {
+pub(crate) struct Pods {
     by_namespace: HashMap<Box<str>, HashSet<ByName>>,
     len: usize,
     /// The pods' labels, interned: a ReplicaSet's pods share one buffer.
@@ -49,12 +49,12 @@ impl Hash for ByName {
 }
 
 impl Pods {
-    pub fn get(&self, namespace: &str, name: &str) -> Option<&Pod> {
+    pub(crate) fn get(&self, namespace: &str, name: &str) -> Option<&Pod> {
         Some(&self.by_namespace.get(namespace)?.get(name)?.0)
     }
 
     /// Stores a pod; returns the one it replaces.
-    pub fn insert(&mut self, mut pod: Pod) -> Option<Pod> {
+    pub(crate) fn insert(&mut self, mut pod: Pod) -> Option<Pod> {
         self.label_sets.share(pod.labels_mut());
         let strings = &mut self.strings;
         pod.share_strings(|s| {
@@ -83,7 +83,7 @@ impl Pods {
         old
     }
 
-    pub fn remove(&mut self, namespace: &str, name: &str) -> Option<Pod> {
+    pub(crate) fn remove(&mut self, namespace: &str, name: &str) -> Option<Pod> {
         let set = self.by_namespace.get_mut(namespace)?;
         let pod = set.take(name)?;
         if set.is_empty() {
@@ -97,7 +97,10 @@ impl Pods {
     }
 
     /// The pods of one namespace, in no particular order.
-    pub fn in_namespace<'a>(&'a self, namespace: &str) -> impl Iterator<Item = &'a Pod> + 'a {
+    pub(crate) fn in_namespace<'a>(
+        &'a self,
+        namespace: &str,
+    ) -> impl Iterator<Item = &'a Pod> + 'a {
         self.by_namespace
             .get(namespace)
             .into_iter()
@@ -105,17 +108,18 @@ impl Pods {
     }
 
     /// Every pod, in no particular order.
-    pub fn iter(&self) -> impl Iterator<Item = &Pod> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Pod> {
         self.by_namespace
             .values()
             .flat_map(|set| set.iter().map(|p| &*p.0))
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
 }

@@ -4,7 +4,7 @@
 use ambientd::app::{self, Running};
 use ambientd::ca::CaConfig;
 use ambientd::config::Config;
-use ambientd::discovery::names::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
+use ambientd::discovery::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 use ambientd::pb::xds::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use ambientd::pb::xds::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 use tokio::sync::mpsc;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ambientd::app::{self, Running};
 use ambientd::config::Config;
-use ambientd::discovery::names::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
+use ambientd::discovery::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 use ambientd::pb::google::protobuf::{Struct, Value, value::Kind};
 use ambientd::pb::workload::{Address, Service, Workload, address};
 use ambientd::pb::xds::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;

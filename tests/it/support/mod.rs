@@ -6,7 +6,5 @@ pub mod ca;
 pub mod ca_cluster;
 pub mod chart;
 pub mod common;
-pub mod conformance;
-pub mod index;
 pub mod kube;
 pub mod xds;

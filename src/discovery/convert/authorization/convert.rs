@@ -72,25 +72,29 @@ impl PolicyStatus {
 
 /// What one AuthorizationPolicy becomes.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ConvertedPolicy {
+pub(crate) struct ConvertedPolicy {
     /// The resource to serve as `<ns>/<name>`; `None` when ztunnel must not see the policy.
-    pub authorization: Option<Authorization>,
+    pub(crate) authorization: Option<Authorization>,
     /// The condition to write; `None` when istiod writes none (waypoint/targetRef policies).
-    pub status: Option<PolicyStatus>,
+    pub(crate) status: Option<PolicyStatus>,
 }
 
 /// Inputs of the conversion besides the policy.
 #[derive(Clone, Copy, Debug)]
-pub struct ConvertOptions<'a> {
+pub(crate) struct ConvertOptions<'a> {
     /// meshConfig.rootNamespace: selector-less policies there are GLOBAL.
-    pub root_namespace: &'a str,
+    pub(crate) root_namespace: &'a str,
     /// `AMBIENT_ENABLE_DRY_RUN_AUTHORIZATION_POLICY` (istiod default: false). When false,
     /// dry-run policies are not sent; when true they are sent with `dry_run: true`.
-    pub dry_run_enabled: bool,
+    pub(crate) dry_run_enabled: bool,
 }
 
-/// Converts with istiod's defaults (dry-run support off). See [`convert_policy_with`].
-pub fn convert_policy(policy: &AuthorizationPolicy, root_namespace: &str) -> ConvertedPolicy {
+/// Converts with istiod's defaults (dry-run support off), for tests. See [`convert_policy_with`].
+#[cfg(test)]
+pub(crate) fn convert_policy(
+    policy: &AuthorizationPolicy,
+    root_namespace: &str,
+) -> ConvertedPolicy {
     convert_policy_with(
         policy,
         ConvertOptions {
@@ -102,7 +106,7 @@ pub fn convert_policy(policy: &AuthorizationPolicy, root_namespace: &str) -> Con
 
 /// Converts one policy per docs/authorization.md: the Authorization ztunnel enforces (if any)
 /// and the `ZtunnelAccepted` condition.
-pub fn convert_policy_with(
+pub(crate) fn convert_policy_with(
     policy: &AuthorizationPolicy,
     options: ConvertOptions<'_>,
 ) -> ConvertedPolicy {

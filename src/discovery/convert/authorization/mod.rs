@@ -1,8 +1,9 @@
 //! AuthorizationPolicy -> `istio.security.Authorization`, per docs/authorization.md.
 //!
-//! [`AuthorizationPolicy`] is the reduced object (in the model). [`convert_policy`] turns it
-//! into the resource ztunnel enforces plus the `ZtunnelAccepted` status istiod would write, and
-//! [`policy_selects`] says which workloads list it in `Workload.authorization_policies`.
+//! [`AuthorizationPolicy`] is the reduced object (in the model). [`convert_policy_with`] turns
+//! it into the resource ztunnel enforces plus the `ZtunnelAccepted` status istiod would write,
+//! and [`selector_attaches`] (with "the conversion produced an Authorization") says which
+//! workloads list it in `Workload.authorization_policies`.
 //!
 //! Where istiod's conversion would let invalid input make a policy *looser* than written, this
 //! module fails closed instead; [`convert`] documents each such choice.
@@ -18,7 +19,9 @@ mod test_support;
 #[cfg(test)]
 mod tests;
 
-pub use convert::{ConvertOptions, ConvertedPolicy, convert_policy, convert_policy_with};
+#[cfg(test)]
+pub(crate) use convert::convert_policy;
+pub(crate) use convert::{ConvertOptions, ConvertedPolicy, convert_policy_with};
 
 use crate::discovery::model::Labels;
 use crate::discovery::model::authorization::AuthorizationPolicy;
@@ -26,13 +29,14 @@ use crate::discovery::model::authorization::AuthorizationPolicy;
 impl AuthorizationPolicy {
     /// Whether [`convert_policy`] (default options) sends this policy to ztunnel at all: not a
     /// waypoint (targetRef) policy, not dry-run, and an ALLOW or DENY action.
-    pub fn is_sent_to_ztunnel(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_sent_to_ztunnel(&self) -> bool {
         convert::is_sent(self, false)
     }
 
     /// [`Self::is_sent_to_ztunnel`] with dry-run support on or off
     /// ([`ConvertOptions::dry_run_enabled`]).
-    pub fn is_sent_with(&self, dry_run_enabled: bool) -> bool {
+    pub(crate) fn is_sent_with(&self, dry_run_enabled: bool) -> bool {
         convert::is_sent(self, dry_run_enabled)
     }
 }
@@ -46,8 +50,10 @@ impl AuthorizationPolicy {
 /// itself and are never listed. Quirk (istiod): a selector with empty `matchLabels` makes the
 /// policy WORKLOAD_SELECTOR-scoped, yet it is attached to nothing.
 ///
-/// The workload's list is the sorted `ns/name` of every policy this returns true for.
-pub fn policy_selects(
+/// The workload's list is the sorted `ns/name` of every policy this returns true for. The index
+/// decides with [`selector_attaches`] and its own options; this is the tests' statement of it.
+#[cfg(test)]
+pub(crate) fn policy_selects(
     policy: &AuthorizationPolicy,
     workload_namespace: &str,
     workload_labels: &Labels,
@@ -59,7 +65,7 @@ pub fn policy_selects(
 
 /// The selector/namespace half of [`policy_selects`], for callers that convert with
 /// non-default [`ConvertOptions`]: combine it with "the conversion produced an Authorization".
-pub fn selector_attaches(
+pub(crate) fn selector_attaches(
     policy: &AuthorizationPolicy,
     workload_namespace: &str,
     workload_labels: &Labels,

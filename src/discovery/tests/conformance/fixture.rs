@@ -4,12 +4,12 @@
 
 use std::collections::BTreeMap;
 
-use ambientd::discovery::Settings;
+use crate::discovery::Settings;
 use serde::Deserialize;
 use serde_json::Value;
 
 /// The fixture text, compiled in: the tests read no file at run time.
-pub const FIXTURE: &str = include_str!(concat!(
+pub(super) const FIXTURE: &str = include_str!(concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/fixtures/conformance.yaml"
 ));
@@ -17,7 +17,7 @@ pub const FIXTURE: &str = include_str!(concat!(
 /// ambientd's own cases in the same format (`tests/fixtures/derived.yaml`): behaviour the
 /// public fixture has no case for, with expectations read from istiod's code and Istio's
 /// documentation (each case's `derived_from`).
-pub const DERIVED: &str = include_str!(concat!(
+pub(super) const DERIVED: &str = include_str!(concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/fixtures/derived.yaml"
 ));
@@ -27,95 +27,95 @@ const NETWORK_LABEL: &str = "topology.istio.io/network";
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Case {
-    pub name: String,
-    pub source: String,
+pub(super) struct Case {
+    pub(super) name: String,
+    pub(super) source: String,
     #[serde(default)]
-    pub derived: bool,
+    pub(super) derived: bool,
     #[serde(default)]
-    pub derived_from: Option<String>,
+    pub(super) derived_from: Option<String>,
     #[serde(default)]
-    pub note: Option<String>,
+    pub(super) note: Option<String>,
     #[serde(default)]
-    pub settings: CaseSettings,
+    pub(super) settings: CaseSettings,
     #[serde(default)]
-    pub input: Vec<Value>,
+    pub(super) input: Vec<Value>,
     #[serde(default)]
-    pub steps: Vec<Step>,
+    pub(super) steps: Vec<Step>,
     #[serde(default)]
-    pub expect: Option<Expect>,
+    pub(super) expect: Option<Expect>,
 }
 
 /// `settings`: only the keys that differ from the header's defaults.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct CaseSettings {
-    pub cluster_id: Option<String>,
-    pub trust_domain: Option<String>,
-    pub root_namespace: Option<String>,
-    pub system_namespace: Option<String>,
-    pub domain_suffix: Option<String>,
+pub(super) struct CaseSettings {
+    pub(super) cluster_id: Option<String>,
+    pub(super) trust_domain: Option<String>,
+    pub(super) root_namespace: Option<String>,
+    pub(super) system_namespace: Option<String>,
+    pub(super) domain_suffix: Option<String>,
     /// Informational: istiod reads it from the system namespace's network label (in `input`).
-    pub network: Option<String>,
-    pub revision: Option<String>,
-    pub mesh_config: Option<BTreeMap<String, Value>>,
-    pub features: Option<BTreeMap<String, Value>>,
+    pub(super) network: Option<String>,
+    pub(super) revision: Option<String>,
+    pub(super) mesh_config: Option<BTreeMap<String, Value>>,
+    pub(super) features: Option<BTreeMap<String, Value>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Step {
-    pub desc: String,
+pub(super) struct Step {
+    pub(super) desc: String,
     #[serde(default)]
-    pub apply: Vec<Value>,
+    pub(super) apply: Vec<Value>,
     #[serde(default)]
-    pub delete: Vec<DeleteRef>,
+    pub(super) delete: Vec<DeleteRef>,
     #[serde(default)]
-    pub expect: Option<Expect>,
+    pub(super) expect: Option<Expect>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct DeleteRef {
-    pub kind: String,
+pub(super) struct DeleteRef {
+    pub(super) kind: String,
     #[serde(default)]
-    pub namespace: String,
-    pub name: String,
+    pub(super) namespace: String,
+    pub(super) name: String,
 }
 
 /// `expect` (of the initial state or of one step). Maps are keyed as the header says.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Expect {
+pub(super) struct Expect {
     /// Workload uid -> fields.
     #[serde(default)]
-    pub workloads: BTreeMap<String, Value>,
+    pub(super) workloads: BTreeMap<String, Value>,
     /// `ns/hostname` -> fields.
     #[serde(default)]
-    pub services: BTreeMap<String, Value>,
+    pub(super) services: BTreeMap<String, Value>,
     /// `ns/name` -> fields.
     #[serde(default)]
-    pub authorizations: BTreeMap<String, Value>,
+    pub(super) authorizations: BTreeMap<String, Value>,
     #[serde(default)]
-    pub absent: Vec<String>,
+    pub(super) absent: Vec<String>,
     #[serde(default)]
-    pub lookups: BTreeMap<String, Vec<String>>,
+    pub(super) lookups: BTreeMap<String, Vec<String>>,
     #[serde(default)]
-    pub lookup_workloads: BTreeMap<String, Vec<String>>,
+    pub(super) lookup_workloads: BTreeMap<String, Vec<String>>,
     #[serde(default)]
-    pub all_names: Option<Vec<String>>,
+    pub(super) all_names: Option<Vec<String>>,
     /// `ns/name` -> conditions ambientd computes for an AuthorizationPolicy (`ZtunnelAccepted`).
     #[serde(default)]
-    pub policy_status: BTreeMap<String, Value>,
+    pub(super) policy_status: BTreeMap<String, Value>,
     /// `ns/name` -> conditions for a Service, ServiceEntry or WorkloadEntry
     /// (`istio.io/WaypointBound`).
     #[serde(default)]
-    pub service_status: BTreeMap<String, Value>,
+    pub(super) service_status: BTreeMap<String, Value>,
 }
 
 impl Expect {
     /// How many individual expectations this holds (for the fixture sanity check).
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.workloads.len()
             + self.services.len()
             + self.authorizations.len()
@@ -129,13 +129,13 @@ impl Expect {
 }
 
 /// Parses the whole fixture: ONE YAML document that is a list of cases.
-pub fn load() -> Result<Vec<Case>, String> {
+pub(super) fn load() -> Result<Vec<Case>, String> {
     load_text(FIXTURE)
 }
 
 /// Parses a fixture text in the same format.
-pub fn load_text(text: &str) -> Result<Vec<Case>, String> {
-    let mut documents = ambientd::kube::objects::parse_yaml(text)?;
+pub(super) fn load_text(text: &str) -> Result<Vec<Case>, String> {
+    let mut documents = crate::kube::objects::parse_yaml(text)?;
     if documents.len() != 1 {
         return Err(format!(
             "expected one YAML document, found {}",
@@ -171,7 +171,7 @@ pub fn load_text(text: &str) -> Result<Vec<Case>, String> {
 /// is istiod's (empty by default: every object is taken, as with an unset `REVISION`). Other
 /// mesh config fields and other features have no ambientd equivalent here: a case setting them
 /// cannot run.
-pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
+pub(super) fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
     let s = &case.settings;
     let notes = Vec::new();
     let mesh = match &s.mesh_config {
@@ -240,12 +240,12 @@ pub fn settings(case: &Case) -> Result<(Settings, Vec<String>), String> {
 /// the case's own settings).
 fn mesh_settings(
     mesh: &BTreeMap<String, Value>,
-) -> Result<ambientd::kube::cluster::MeshSettings, String> {
+) -> Result<crate::kube::cluster::MeshSettings, String> {
     if let Some(other) = mesh.keys().find(|k| *k != "serviceEntryVisibility") {
         return Err(format!("settings.mesh_config.{other} is not supported"));
     }
     let text = serde_json::to_string(mesh).map_err(|e| e.to_string())?;
-    ambientd::kube::cluster::MeshSettings::parse(&text)
+    crate::kube::cluster::MeshSettings::parse(&text)
         .map_err(|e| format!("settings.mesh_config: {e}"))
 }
 

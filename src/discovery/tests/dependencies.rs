@@ -5,17 +5,15 @@
 //! asserts the exact `Changes`; [`World::expect`] also checks that those changes are exactly
 //! the snapshot diff and that the result equals an index built cold from the final objects.
 
-use crate::support::index as index_support;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use ambientd::discovery::model::{
+use super::support::*;
+use crate::discovery::model::{
     ContainerPort, Kind, ObjectRef, PodFields, Resolution, ServiceEntry,
 };
-use ambientd::discovery::{Changes, Index, Object, Snapshot};
-use ambientd::pb::workload::PortList;
-use index_support::*;
+use crate::discovery::{Changes, Index, Object, Snapshot};
+use crate::pb::workload::PortList;
 
 const USE_WAYPOINT: &str = "istio.io/use-waypoint";
 const USE_WAYPOINT_NAMESPACE: &str = "istio.io/use-waypoint-namespace";
@@ -79,7 +77,7 @@ impl World {
         self.expect::<&str>(changes, &[], &[]);
     }
 
-    fn workload(&mut self, name: &str) -> ambientd::pb::workload::Workload {
+    fn workload(&mut self, name: &str) -> crate::pb::workload::Workload {
         workload(&mut self.index, name)
     }
 }

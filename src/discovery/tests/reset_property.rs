@@ -10,24 +10,20 @@
 //! and AuthorizationPolicies and PeerAuthentications select workloads. 64 cases per property
 //! keep the suite fast; set `PROPTEST_CASES` to run more. A failure prints the shrunk input.
 
-use crate::support::index as index_support;
-
 use std::collections::{BTreeMap, BTreeSet};
 
-use ambientd::discovery::model::authorization::{
-    PolicyAction, PolicyRule, PolicyTargetRef, Source,
-};
-use ambientd::discovery::model::peer_authentication::MtlsMode;
-use ambientd::discovery::model::status::PolicyStatus;
-use ambientd::discovery::model::status::{DesiredStatus, StatusTarget};
-use ambientd::discovery::model::{
+use super::support::*;
+use crate::discovery::model::authorization::{PolicyAction, PolicyRule, PolicyTargetRef, Source};
+use crate::discovery::model::peer_authentication::MtlsMode;
+use crate::discovery::model::status::PolicyStatus;
+use crate::discovery::model::status::{DesiredStatus, StatusTarget};
+use crate::discovery::model::{
     AllowedNamespaces, AuthorizationPolicy, Endpoint, Gateway, Kind, Labels, Listener,
     NamespaceSelector, ObjectRef, PeerAuthentication, PodFields, Resolution, Service, ServiceEntry,
     SliceEndpoint,
 };
-use ambientd::discovery::snapshot::NameSet;
-use ambientd::discovery::{Changes, Index, Object, Settings, Snapshot};
-use index_support::*;
+use crate::discovery::snapshot::NameSet;
+use crate::discovery::{Changes, Index, Object, Settings, Snapshot};
 use proptest::collection::vec;
 use proptest::option;
 use proptest::prelude::*;
@@ -523,7 +519,7 @@ fn of_kind(objects: &BTreeMap<ObjectRef, Object>, kind: Kind) -> Vec<Object> {
 /// waypoint policies, and meshConfig.serviceEntryVisibility configured so that Namespace labels
 /// decide ServiceEntry visibility (`team: x` NAMESPACE, `tier: untrusted` NONE, else PUBLIC).
 fn settings(options: bool) -> Settings {
-    use ambientd::discovery::model::visibility::{
+    use crate::discovery::model::visibility::{
         ServiceEntryVisibility, Visibility, VisibilityPolicy,
     };
     let policy = |visibility, key: &str, value: &str| VisibilityPolicy {
@@ -569,7 +565,7 @@ struct Observed {
 }
 
 fn observed(s: &Snapshot) -> Observed {
-    let flat = |m: &ambientd::discovery::snapshot::PersistentMap<Name, NameSet>| {
+    let flat = |m: &crate::discovery::snapshot::PersistentMap<Name, NameSet>| {
         m.iter()
             .map(|(k, v)| {
                 assert!(v.is_sorted() && !v.is_empty(), "{k}: {v:?}");

@@ -2,12 +2,10 @@
 //! `istio.workload.Workload` resources out (docs/conversion.md, "Pod → Workload" and "Network").
 //! Services and the services map are in `index_services.rs`; change tracking in `index_changes.rs`.
 
-use crate::support::index as index_support;
-
-use ambientd::discovery::model::Owner;
-use ambientd::discovery::{Index, Kind, Object, ObjectRef, Settings};
-use ambientd::pb::workload::{Locality, NetworkMode, TunnelProtocol, WorkloadStatus, WorkloadType};
-use index_support::*;
+use super::support::*;
+use crate::discovery::model::Owner;
+use crate::discovery::{Index, Kind, Object, ObjectRef, Settings};
+use crate::pb::workload::{Locality, NetworkMode, TunnelProtocol, WorkloadStatus, WorkloadType};
 
 /// Labels or annotations in a table row.
 type Pairs = &'static [(&'static str, &'static str)];
@@ -533,7 +531,7 @@ fn pod_uid_follows_a_recreated_pod_without_a_change() {
 /// revision is empty.
 #[test]
 fn unlabelled_istio_config_is_taken_by_every_revision() {
-    use ambientd::discovery::model::authorization::AuthorizationPolicy;
+    use crate::discovery::model::authorization::AuthorizationPolicy;
     let policy = |name: &str, rev: Option<&str>| {
         Object::AuthorizationPolicy(AuthorizationPolicy {
             name: name.into(),

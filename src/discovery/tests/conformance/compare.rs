@@ -44,17 +44,17 @@ const DERIVED: &str = "derived_fields";
 
 /// One field that does not match.
 #[derive(Debug)]
-pub struct Mismatch {
+pub(super) struct Mismatch {
     /// Dotted path of the first difference (`groups[3].rules[0].matches[0].source_ips`).
-    pub path: String,
-    pub expected: Option<Value>,
-    pub actual: Option<Value>,
+    pub(super) path: String,
+    pub(super) expected: Option<Value>,
+    pub(super) actual: Option<Value>,
     /// The listed field, in full, when the first difference is deeper than the field itself.
-    pub whole: Option<(Option<Value>, Option<Value>)>,
+    pub(super) whole: Option<(Option<Value>, Option<Value>)>,
     /// The field is named by `derived_fields`.
-    pub derived: bool,
+    pub(super) derived: bool,
     /// Set for unlisted fields of an `exact: true` resource.
-    pub unlisted: bool,
+    pub(super) unlisted: bool,
 }
 
 impl std::fmt::Display for Mismatch {
@@ -84,7 +84,7 @@ impl std::fmt::Display for Mismatch {
 }
 
 /// An expected value in minimal form: metadata dropped, defaults left out.
-pub fn normalize(value: &Value) -> Value {
+pub(super) fn normalize(value: &Value) -> Value {
     match value {
         Value::Object(map) => Value::Object(
             map.iter()
@@ -98,7 +98,7 @@ pub fn normalize(value: &Value) -> Value {
 }
 
 /// One field's expected value in minimal form; `None` when it is the field's default.
-pub fn normalize_field(key: &str, value: &Value) -> Option<Value> {
+pub(super) fn normalize_field(key: &str, value: &Value) -> Option<Value> {
     let value = normalize(value);
     let is_default = match &value {
         Value::Null => true,
@@ -112,7 +112,7 @@ pub fn normalize_field(key: &str, value: &Value) -> Option<Value> {
 }
 
 /// Compares one expected resource (a mapping of fields) with the rendered actual one.
-pub fn resource(expected: &Value, actual: &Value) -> Result<Vec<Mismatch>, String> {
+pub(super) fn resource(expected: &Value, actual: &Value) -> Result<Vec<Mismatch>, String> {
     let Value::Object(expected) = expected else {
         return Err(format!("expectation is not a mapping: {expected}"));
     };

@@ -1,7 +1,9 @@
 //! Conformance with istiod: the cases of `tests/fixtures/conformance.yaml` (whose header
-//! documents the format), each run through the
-//! public API: `kube::objects::decode` -> `discovery::Index` -> `Snapshot`, then every
-//! expectation checked against the decoded resources.
+//! documents the format), each run through the path a cluster's objects take:
+//! `kube::objects::decode` -> `discovery::Index` -> `Snapshot`, then every expectation checked
+//! against the decoded resources. Its modules: the fixture model (`fixture.rs`), the runner
+//! (`runner.rs`), rendering of decoded protos in the fixture's encodings (`render.rs`), the
+//! matching rules (`compare.rs`) and the API-server defaults normalisation (`defaults.rs`).
 //!
 //! One `#[test]` runs ALL cases and collects every failure, so one run shows everything:
 //! * a case NOT in [`KNOWN_GAPS`] that fails fails the test, with one line per mismatch (phase,
@@ -14,8 +16,8 @@
 //! indexes): the header says expectations hold once changes have converged, in any order.
 //!
 //! The only rewriting of expectations is the header's "Note on defaults" (unset targetPort ->
-//! port, unset serviceAccountName -> `default`), narrowly, in `support/conformance/defaults.rs`.
-//! How a case's settings map to `discovery::Settings` is in `support/conformance/fixture.rs`.
+//! port, unset serviceAccountName -> `default`), narrowly, in `defaults.rs`. How a
+//! case's settings map to `discovery::Settings` is in `fixture.rs`.
 //! `policy_status` / `service_status` expectations are checked against the conditions the
 //! snapshot keeps (`Snapshot::statuses`), which the leader writes on the objects.
 //!
@@ -23,15 +25,18 @@
 //! `CONFORMANCE_VERBOSE=1` prints every failure line and note, also for known gaps.
 //!
 //! ```sh
-//! cargo test --test it conformance:: -- --nocapture
+//! cargo test --lib discovery::tests::conformance:: -- --nocapture
 //! ```
 
-use crate::support::conformance as conformance_support;
+mod compare;
+mod defaults;
+mod fixture;
+mod render;
+mod runner;
 
 use std::collections::BTreeSet;
 
-use conformance_support::fixture;
-use conformance_support::runner::{self, Outcome};
+use runner::Outcome;
 
 /// Cases expected to fail with today's code, and why. Keep it accurate: the test prints the ones
 /// that pass again. Reasons: "<missing feature>: ..." for kinds ambientd does not convert yet,

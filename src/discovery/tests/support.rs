@@ -1,37 +1,36 @@
 //! Builders for reduced objects and decoders for the resources an `Index` publishes, shared by
-//! the pure-core table tests (`index.rs`, `index_services.rs`, `index_changes.rs`,
-//! `subscription.rs`, `dependencies.rs`, `reset_property.rs`).
+//! the tests beside this file and by `src/push/subscription/tests.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use ambientd::discovery::model::{
+use crate::discovery::model::{
     Endpoint, EndpointSlice, Gateway, GatewayClass, IpFamily, Labels, Namespace, Node, PodFields,
     Protocol, Resolution, Service, ServiceEntry, ServiceEntryPort, ServicePort, SliceEndpoint,
     SlicePort, TargetPort, TargetRef, WorkloadEntry,
 };
-pub use ambientd::discovery::snapshot::Name;
-use ambientd::discovery::{Index, Object, Settings, Snapshot};
-use ambientd::pb::workload::{self, Address, Workload, address};
+pub(crate) use crate::discovery::snapshot::Name;
+use crate::discovery::{Index, Object, Settings, Snapshot};
+use crate::pb::workload::{self, Address, Workload, address};
 use bytes::Bytes;
 use prost::Message;
 
-pub const NS: &str = "demo";
-pub const NODE: &str = "node-a";
+pub(crate) const NS: &str = "demo";
+pub(crate) const NODE: &str = "node-a";
 
-pub fn ip(s: &str) -> IpAddr {
+pub(crate) fn ip(s: &str) -> IpAddr {
     s.parse().unwrap_or_else(|e| panic!("bad ip {s}: {e}"))
 }
 
 /// Raw network-order bytes, as the protos carry IPs.
-pub fn raw(s: &str) -> Bytes {
+pub(crate) fn raw(s: &str) -> Bytes {
     match ip(s) {
         IpAddr::V4(v4) => Bytes::copy_from_slice(&v4.octets()),
         IpAddr::V6(v6) => Bytes::copy_from_slice(&v6.octets()),
     }
 }
 
-pub fn labels(pairs: &[(&str, &str)]) -> Labels {
+pub(crate) fn labels(pairs: &[(&str, &str)]) -> Labels {
     pairs
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -39,7 +38,7 @@ pub fn labels(pairs: &[(&str, &str)]) -> Labels {
 }
 
 /// A running, ready pod on `node-a` with service account `default`.
-pub fn pod(namespace: &str, name: &str, pod_ip: &str) -> PodFields {
+pub(crate) fn pod(namespace: &str, name: &str, pod_ip: &str) -> PodFields {
     PodFields {
         name: name.into(),
         namespace: namespace.into(),
@@ -53,7 +52,7 @@ pub fn pod(namespace: &str, name: &str, pod_ip: &str) -> PodFields {
 }
 
 /// `pod(..)` with labels.
-pub fn pod_with(
+pub(crate) fn pod_with(
     namespace: &str,
     name: &str,
     pod_ip: &str,
@@ -66,8 +65,8 @@ pub fn pod_with(
 }
 
 /// A TCP container port.
-pub fn cport(name: &str, port: u16) -> ambientd::discovery::model::ContainerPort {
-    ambientd::discovery::model::ContainerPort {
+pub(crate) fn cport(name: &str, port: u16) -> crate::discovery::model::ContainerPort {
+    crate::discovery::model::ContainerPort {
         name: name.into(),
         port,
         protocol: Protocol::Tcp,
@@ -75,7 +74,7 @@ pub fn cport(name: &str, port: u16) -> ambientd::discovery::model::ContainerPort
 }
 
 /// A TCP service port.
-pub fn sport(name: &str, port: u16, target: TargetPort) -> ServicePort {
+pub(crate) fn sport(name: &str, port: u16, target: TargetPort) -> ServicePort {
     ServicePort {
         name: name.into(),
         port,
@@ -85,16 +84,16 @@ pub fn sport(name: &str, port: u16, target: TargetPort) -> ServicePort {
     }
 }
 
-pub fn num(n: u16) -> TargetPort {
+pub(crate) fn num(n: u16) -> TargetPort {
     TargetPort::Number(n)
 }
 
-pub fn named(n: &str) -> TargetPort {
+pub(crate) fn named(n: &str) -> TargetPort {
     TargetPort::Name(n.into())
 }
 
 /// A ClusterIP IPv4 service with one `http` port 80 -> 8080; `vip` empty means headless.
-pub fn svc(namespace: &str, name: &str, vip: &str, selector: &[(&str, &str)]) -> Service {
+pub(crate) fn svc(namespace: &str, name: &str, vip: &str, selector: &[(&str, &str)]) -> Service {
     let cluster_ips = if vip.is_empty() {
         vec![]
     } else {
@@ -111,14 +110,14 @@ pub fn svc(namespace: &str, name: &str, vip: &str, selector: &[(&str, &str)]) ->
     }
 }
 
-pub fn ns(name: &str) -> Namespace {
+pub(crate) fn ns(name: &str) -> Namespace {
     Namespace {
         name: name.into(),
         ..Default::default()
     }
 }
 
-pub fn node(name: &str, node_labels: &[(&str, &str)]) -> Node {
+pub(crate) fn node(name: &str, node_labels: &[(&str, &str)]) -> Node {
     Node {
         name: name.into(),
         labels: labels(node_labels),
@@ -126,17 +125,17 @@ pub fn node(name: &str, node_labels: &[(&str, &str)]) -> Node {
 }
 
 /// The workload uid (and resource name) with default settings.
-pub fn uid(namespace: &str, name: &str) -> String {
+pub(crate) fn uid(namespace: &str, name: &str) -> String {
     format!("Kubernetes//Pod/{namespace}/{name}")
 }
 
 /// The service resource name and services-map key with default settings.
-pub fn skey(namespace: &str, name: &str) -> String {
+pub(crate) fn skey(namespace: &str, name: &str) -> String {
     format!("{namespace}/{name}.{namespace}.svc.cluster.local")
 }
 
 /// An index with default settings and `objects` applied in order.
-pub fn index_of(objects: impl IntoIterator<Item = Object>) -> Index {
+pub(crate) fn index_of(objects: impl IntoIterator<Item = Object>) -> Index {
     let mut index = Index::new(Settings::default());
     for object in objects {
         index.apply(object);
@@ -144,13 +143,13 @@ pub fn index_of(objects: impl IntoIterator<Item = Object>) -> Index {
     index
 }
 
-pub fn decode(snapshot: &Snapshot, name: &str) -> Option<address::Type> {
+pub(crate) fn decode(snapshot: &Snapshot, name: &str) -> Option<address::Type> {
     let resource = snapshot.addresses.get(name)?;
     let message = Address::decode(resource.value()).expect("decode Address");
     Some(message.r#type.expect("Address without a type"))
 }
 
-pub fn try_workload(index: &mut Index, name: &str) -> Option<Workload> {
+pub(crate) fn try_workload(index: &mut Index, name: &str) -> Option<Workload> {
     match decode(&index.snapshot(), name)? {
         address::Type::Workload(w) => Some(w),
         other => panic!("{name} is not a workload: {other:?}"),
@@ -158,11 +157,11 @@ pub fn try_workload(index: &mut Index, name: &str) -> Option<Workload> {
 }
 
 /// The decoded workload named `name`, which must exist.
-pub fn workload(index: &mut Index, name: &str) -> Workload {
+pub(crate) fn workload(index: &mut Index, name: &str) -> Workload {
     try_workload(index, name).unwrap_or_else(|| panic!("no workload {name}"))
 }
 
-pub fn try_service(index: &mut Index, name: &str) -> Option<workload::Service> {
+pub(crate) fn try_service(index: &mut Index, name: &str) -> Option<workload::Service> {
     match decode(&index.snapshot(), name)? {
         address::Type::Service(s) => Some(s),
         other => panic!("{name} is not a service: {other:?}"),
@@ -170,17 +169,17 @@ pub fn try_service(index: &mut Index, name: &str) -> Option<workload::Service> {
 }
 
 /// The decoded service named `name`, which must exist.
-pub fn service(index: &mut Index, name: &str) -> workload::Service {
+pub(crate) fn service(index: &mut Index, name: &str) -> workload::Service {
     try_service(index, name).unwrap_or_else(|| panic!("no service {name}"))
 }
 
 /// Owned, sorted names, for comparing against sets of resource names.
-pub fn set<S: AsRef<str>>(names: &[S]) -> BTreeSet<Name> {
+pub(crate) fn set<S: AsRef<str>>(names: &[S]) -> BTreeSet<Name> {
     names.iter().map(|n| n.as_ref().into()).collect()
 }
 
 /// Every Address resource as name -> version.
-pub fn versions(snapshot: &Snapshot) -> BTreeMap<String, String> {
+pub(crate) fn versions(snapshot: &Snapshot) -> BTreeMap<String, String> {
     snapshot
         .addresses
         .iter()
@@ -193,7 +192,7 @@ pub fn versions(snapshot: &Snapshot) -> BTreeMap<String, String> {
 // ---------------------------------------------------------------------------------------------
 
 /// A namespace with labels.
-pub fn ns_with(name: &str, ns_labels: &[(&str, &str)]) -> Namespace {
+pub(crate) fn ns_with(name: &str, ns_labels: &[(&str, &str)]) -> Namespace {
     Namespace {
         labels: labels(ns_labels),
         ..ns(name)
@@ -201,7 +200,7 @@ pub fn ns_with(name: &str, ns_labels: &[(&str, &str)]) -> Namespace {
 }
 
 /// A ServiceEntry port with the given protocol (upper-case, as the source reduces it).
-pub fn se_port(name: &str, number: u16, protocol: &str) -> ServiceEntryPort {
+pub(crate) fn se_port(name: &str, number: u16, protocol: &str) -> ServiceEntryPort {
     ServiceEntryPort {
         name: name.into(),
         number,
@@ -211,7 +210,7 @@ pub fn se_port(name: &str, number: u16, protocol: &str) -> ServiceEntryPort {
 }
 
 /// A ServiceEntry endpoint at `address` (an IP or a hostname).
-pub fn endpoint(address: &str) -> Endpoint {
+pub(crate) fn endpoint(address: &str) -> Endpoint {
     Endpoint {
         address: address.into(),
         ..Default::default()
@@ -220,7 +219,7 @@ pub fn endpoint(address: &str) -> Endpoint {
 
 /// A STATIC ServiceEntry for `hosts` with one `http` port 80, no addresses, no endpoints and
 /// no creation time.
-pub fn service_entry(namespace: &str, name: &str, hosts: &[&str]) -> ServiceEntry {
+pub(crate) fn service_entry(namespace: &str, name: &str, hosts: &[&str]) -> ServiceEntry {
     ServiceEntry {
         name: name.into(),
         namespace: namespace.into(),
@@ -232,7 +231,7 @@ pub fn service_entry(namespace: &str, name: &str, hosts: &[&str]) -> ServiceEntr
 }
 
 /// A WorkloadEntry at `address` with (merged) labels.
-pub fn workload_entry(
+pub(crate) fn workload_entry(
     namespace: &str,
     name: &str,
     address: &str,
@@ -248,7 +247,7 @@ pub fn workload_entry(
 }
 
 /// An EndpointSlice labelled `kubernetes.io/service-name=<service>`, without endpoints or ports.
-pub fn slice(namespace: &str, name: &str, service: &str) -> EndpointSlice {
+pub(crate) fn slice(namespace: &str, name: &str, service: &str) -> EndpointSlice {
     EndpointSlice {
         name: name.into(),
         namespace: namespace.into(),
@@ -258,7 +257,7 @@ pub fn slice(namespace: &str, name: &str, service: &str) -> EndpointSlice {
 }
 
 /// A slice endpoint at `address` without a targetRef.
-pub fn slice_ip(address: &str) -> SliceEndpoint {
+pub(crate) fn slice_ip(address: &str) -> SliceEndpoint {
     SliceEndpoint {
         addresses: vec![ip(address)],
         ..Default::default()
@@ -266,7 +265,12 @@ pub fn slice_ip(address: &str) -> SliceEndpoint {
 }
 
 /// A slice endpoint at `address` whose targetRef names a Pod.
-pub fn slice_pod(address: &str, namespace: &str, name: &str, pod_uid: &str) -> SliceEndpoint {
+pub(crate) fn slice_pod(
+    address: &str,
+    namespace: &str,
+    name: &str,
+    pod_uid: &str,
+) -> SliceEndpoint {
     SliceEndpoint {
         target_ref: Some(TargetRef {
             kind: "Pod".into(),
@@ -279,7 +283,7 @@ pub fn slice_pod(address: &str, namespace: &str, name: &str, pod_uid: &str) -> S
 }
 
 /// A named TCP slice port.
-pub fn slice_port(name: &str, port: u16) -> SlicePort {
+pub(crate) fn slice_port(name: &str, port: u16) -> SlicePort {
     SlicePort {
         name: Some(name.into()),
         port: Some(port),
@@ -287,7 +291,7 @@ pub fn slice_port(name: &str, port: u16) -> SlicePort {
     }
 }
 
-pub fn gateway_class(name: &str, class_labels: &[(&str, &str)]) -> GatewayClass {
+pub(crate) fn gateway_class(name: &str, class_labels: &[(&str, &str)]) -> GatewayClass {
     GatewayClass {
         name: name.into(),
         labels: labels(class_labels),
@@ -296,7 +300,7 @@ pub fn gateway_class(name: &str, class_labels: &[(&str, &str)]) -> GatewayClass 
 }
 
 /// A Gateway of class `istio-waypoint` with no listeners and no status address (not ready).
-pub fn gateway(namespace: &str, name: &str) -> Gateway {
+pub(crate) fn gateway(namespace: &str, name: &str) -> Gateway {
     Gateway {
         name: name.into(),
         namespace: namespace.into(),
@@ -306,7 +310,7 @@ pub fn gateway(namespace: &str, name: &str) -> Gateway {
 }
 
 /// `gateway(..)` with a status `IPAddress`: a ready waypoint.
-pub fn ready_gateway(namespace: &str, name: &str, address: &str) -> Gateway {
+pub(crate) fn ready_gateway(namespace: &str, name: &str, address: &str) -> Gateway {
     Gateway {
         addresses: vec![("IPAddress".into(), address.into())],
         ..gateway(namespace, name)
@@ -314,27 +318,27 @@ pub fn ready_gateway(namespace: &str, name: &str, address: &str) -> Gateway {
 }
 
 /// A WorkloadEntry's resource name with default settings.
-pub fn we_uid(namespace: &str, name: &str) -> String {
+pub(crate) fn we_uid(namespace: &str, name: &str) -> String {
     format!("Kubernetes/networking.istio.io/WorkloadEntry/{namespace}/{name}")
 }
 
 /// A ServiceEntry endpoint's resource name with default settings.
-pub fn se_uid(namespace: &str, name: &str, address: &str) -> String {
+pub(crate) fn se_uid(namespace: &str, name: &str, address: &str) -> String {
     format!("Kubernetes/networking.istio.io/ServiceEntry/{namespace}/{name}/{address}")
 }
 
 /// An EndpointSlice endpoint's resource name with default settings.
-pub fn slice_uid(namespace: &str, name: &str, address: &str) -> String {
+pub(crate) fn slice_uid(namespace: &str, name: &str, address: &str) -> String {
     format!("Kubernetes/discovery.k8s.io/EndpointSlice/{namespace}/{name}/{address}")
 }
 
 /// A ServiceEntry host's resource name and services-map key.
-pub fn host_key(namespace: &str, host: &str) -> String {
+pub(crate) fn host_key(namespace: &str, host: &str) -> String {
     format!("{namespace}/{host}")
 }
 
 /// Every Authorization resource as name -> version.
-pub fn authorization_versions(snapshot: &Snapshot) -> BTreeMap<String, String> {
+pub(crate) fn authorization_versions(snapshot: &Snapshot) -> BTreeMap<String, String> {
     snapshot
         .authorizations
         .iter()
@@ -343,7 +347,7 @@ pub fn authorization_versions(snapshot: &Snapshot) -> BTreeMap<String, String> {
 }
 
 /// A slice for `service` with one endpoint at `address` and no targetRef.
-pub fn ip_slice(namespace: &str, name: &str, service: &str, address: &str) -> EndpointSlice {
+pub(crate) fn ip_slice(namespace: &str, name: &str, service: &str, address: &str) -> EndpointSlice {
     EndpointSlice {
         endpoints: vec![slice_ip(address)],
         ..slice(namespace, name, service)
@@ -352,12 +356,12 @@ pub fn ip_slice(namespace: &str, name: &str, service: &str, address: &str) -> En
 
 /// Address names whose version differs between two snapshots: `(upserted, removed)`, which
 /// is what the `Changes` of the steps between them must say.
-pub fn diff(before: &Snapshot, after: &Snapshot) -> (BTreeSet<Name>, BTreeSet<Name>) {
+pub(crate) fn diff(before: &Snapshot, after: &Snapshot) -> (BTreeSet<Name>, BTreeSet<Name>) {
     diff_versions(&versions(before), &versions(after))
 }
 
 /// Names whose version differs between two `name -> version` maps: `(upserted, removed)`.
-pub fn diff_versions(
+pub(crate) fn diff_versions(
     old: &BTreeMap<String, String>,
     new: &BTreeMap<String, String>,
 ) -> (BTreeSet<Name>, BTreeSet<Name>) {

@@ -2,17 +2,13 @@
 //! `istio.workload.Service` (docs/conversion.md, "Service → Service") and each Workload's
 //! services map ("Pod → Workload").
 
-use crate::support::index as index_support;
-
 use std::collections::BTreeMap;
 
-use ambientd::discovery::model::{IpFamily, Protocol, Service};
-use ambientd::discovery::{Index, Object, Settings};
-use ambientd::pb::workload::load_balancing::{HealthPolicy, Mode, Scope};
-use ambientd::pb::workload::{
-    AppProtocol, IpFamilies, LoadBalancing, NetworkAddress, Port, PortList,
-};
-use index_support::*;
+use super::support::*;
+use crate::discovery::model::{IpFamily, Protocol, Service};
+use crate::discovery::{Index, Object, Settings};
+use crate::pb::workload::load_balancing::{HealthPolicy, Mode, Scope};
+use crate::pb::workload::{AppProtocol, IpFamilies, LoadBalancing, NetworkAddress, Port, PortList};
 
 // ---------------------------------------------------------------------------------------------
 // Service -> Service
@@ -489,7 +485,7 @@ fn services_map_holds_every_matching_service() {
 
 #[test]
 fn canary_waypoints_weigh_0_by_default_and_may_come_from_the_namespace() {
-    use ambientd::discovery::model::Namespace;
+    use crate::discovery::model::Namespace;
     type Pairs<'a> = &'a [(&'a str, &'a str)];
     // (service labels, service annotations, namespace labels, namespace annotations, weights)
     let table: &[(Pairs, Pairs, Pairs, Pairs, &[u32])] = &[

@@ -2,12 +2,10 @@
 //! the Authorization each waypoint with instances gets, which workloads list it, and that it
 //! follows its instances and bindings incrementally.
 
-use crate::support::index as index_support;
-
-use ambientd::discovery::model::{AllowedNamespaces, Gateway, Listener};
-use ambientd::discovery::{Index, Object, Settings};
-use ambientd::pb::security::{Action, Authorization, Scope, string_match::MatchType};
-use index_support::*;
+use super::support::*;
+use crate::discovery::model::{AllowedNamespaces, Gateway, Listener};
+use crate::discovery::{Index, Object, Settings};
+use crate::pb::security::{Action, Authorization, Scope, string_match::MatchType};
 use prost::Message;
 
 const WP: &str = "demo/istio_allow_waypoint_demo_wp";
@@ -135,16 +133,16 @@ fn off_by_default() {
 fn the_policy_follows_its_instances_and_the_bindings() {
     let mut index = index(true, mesh());
     // One instance left: still there, with one identity.
-    index.delete(&ambientd::discovery::ObjectRef::new(
-        ambientd::discovery::Kind::Pod,
+    index.delete(&crate::discovery::ObjectRef::new(
+        crate::discovery::Kind::Pod,
         NS,
         "wp-2",
     ));
     let policy = authorization(&mut index, WP).unwrap();
     assert_eq!(policy.rules[0].clauses[0].matches[0].principals.len(), 1);
     // No instance: no policy, and nobody lists it.
-    index.delete(&ambientd::discovery::ObjectRef::new(
-        ambientd::discovery::Kind::Pod,
+    index.delete(&crate::discovery::ObjectRef::new(
+        crate::discovery::Kind::Pod,
         NS,
         "wp-1",
     ));
@@ -165,8 +163,8 @@ fn the_policy_follows_its_instances_and_the_bindings() {
     )));
     assert!(references(&mut index, "api-1").is_empty());
     // The waypoint goes away: no policy, no references.
-    index.delete(&ambientd::discovery::ObjectRef::new(
-        ambientd::discovery::Kind::Gateway,
+    index.delete(&crate::discovery::ObjectRef::new(
+        crate::discovery::Kind::Gateway,
         NS,
         "wp",
     ));

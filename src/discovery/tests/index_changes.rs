@@ -1,12 +1,10 @@
 //! Table tests of the index's incremental behaviour: which `Changes` each event produces,
 //! relists (`reset`), on-demand lookups and the snapshot change history.
 
-use crate::support::index as index_support;
-
-use ambientd::discovery::model::{Event, Kind, ObjectRef};
-use ambientd::discovery::snapshot::{HISTORY, MIN_HISTORY_NAMES};
-use ambientd::discovery::{Changes, Index, Object, Settings, TypeKind};
-use index_support::*;
+use super::support::*;
+use crate::discovery::model::{Event, Kind, ObjectRef};
+use crate::discovery::snapshot::{HISTORY, MIN_HISTORY_NAMES};
+use crate::discovery::{Changes, Index, Object, Settings, TypeKind};
 use std::collections::BTreeSet;
 
 const ZONE: &str = "topology.kubernetes.io/zone";
@@ -347,7 +345,7 @@ fn reset_converges_to_a_cold_build_of_the_final_set() {
     let (warm, cold) = (index.snapshot(), cold.snapshot());
     assert_eq!(versions(&warm), versions(&cold));
     assert_eq!(warm.members, cold.members);
-    let aliases = |s: &ambientd::discovery::Snapshot| -> Vec<(String, Vec<String>)> {
+    let aliases = |s: &crate::discovery::Snapshot| -> Vec<(String, Vec<String>)> {
         let mut all: Vec<_> = s
             .alias_texts()
             .map(|(a, names)| (a, names.iter().map(|n| n.to_string()).collect()))

@@ -3,13 +3,11 @@
 //! Table tests on the pure core: bound, missing waypoint, wrong traffic type, denied namespace,
 //! unbound, and that a fix updates or removes the condition incrementally.
 
-use crate::support::index as index_support;
-
-use ambientd::discovery::Object;
-use ambientd::discovery::model::authorization::{AuthorizationPolicy, Operation, PolicyRule};
-use ambientd::discovery::model::status::{StatusKind, StatusTarget, WAYPOINT_BOUND};
-use ambientd::discovery::model::{AllowedNamespaces, Gateway, Listener};
-use index_support::*;
+use super::support::*;
+use crate::discovery::Object;
+use crate::discovery::model::authorization::{AuthorizationPolicy, Operation, PolicyRule};
+use crate::discovery::model::status::{StatusKind, StatusTarget, WAYPOINT_BOUND};
+use crate::discovery::model::{AllowedNamespaces, Gateway, Listener};
 
 const WP_NS: &str = "wp";
 
@@ -26,7 +24,7 @@ fn target(kind: StatusKind, namespace: &str, name: &str) -> StatusTarget {
 
 /// `(status, reason, message)` of the condition the snapshot holds for an object.
 fn condition(
-    index: &mut ambientd::discovery::Index,
+    index: &mut crate::discovery::Index,
     object: &StatusTarget,
 ) -> Option<(bool, String, String)> {
     let snapshot = index.snapshot();
@@ -287,8 +285,8 @@ fn conditions_follow_fixes_and_deletes() {
     // Deleted objects carry nothing.
     index.apply(labelled_svc("s", &use_wp("svc-wp")));
     assert!(condition(&mut index, &object).is_some());
-    index.delete(&ambientd::discovery::ObjectRef {
-        kind: ambientd::discovery::Kind::Service,
+    index.delete(&crate::discovery::ObjectRef {
+        kind: crate::discovery::Kind::Service,
         namespace: NS.into(),
         name: "s".into(),
     });
@@ -349,7 +347,7 @@ fn a_status_only_change_is_a_change() {
     let deny = |paths: Vec<String>| AuthorizationPolicy {
         name: "p".into(),
         namespace: NS.into(),
-        action: ambientd::discovery::model::authorization::PolicyAction::Deny,
+        action: crate::discovery::model::authorization::PolicyAction::Deny,
         rules: vec![PolicyRule {
             to: vec![Operation {
                 paths,
@@ -381,8 +379,8 @@ fn a_status_only_change_is_a_change() {
 /// `dry_run`, listed by the workloads it selects, and accepted.
 #[test]
 fn dry_run_policies_are_sent_marked_only_when_enabled() {
-    use ambientd::discovery::{Index, Settings};
-    use ambientd::pb::security::Authorization;
+    use crate::discovery::{Index, Settings};
+    use crate::pb::security::Authorization;
     use prost::Message;
     let policy = AuthorizationPolicy {
         name: "p".into(),

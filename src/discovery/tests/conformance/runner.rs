@@ -1,16 +1,16 @@
-//! Runs one conformance case against an `ambientd::discovery::Index` through the public API only:
+//! Runs one conformance case against an `crate::discovery::Index` through the public API only:
 //! `kube::objects::decode` for every input object, `Index::apply` / `Index::delete`, then checks
 //! each `expect` block against `Index::snapshot()`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use ambientd::discovery::model::status::{StatusCondition, StatusKind, StatusTarget};
-use ambientd::discovery::names::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
-use ambientd::discovery::{Index, Kind, Object, ObjectRef, Settings, Snapshot};
-use ambientd::kube::objects::{Decoded, decode};
-use ambientd::pb::security::Authorization;
-use ambientd::pb::workload::{Address, address};
+use crate::discovery::model::status::{StatusCondition, StatusKind, StatusTarget};
+use crate::discovery::names::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
+use crate::discovery::{Index, Kind, Object, ObjectRef, Settings, Snapshot};
+use crate::kube::objects::{Decoded, decode};
+use crate::pb::security::Authorization;
+use crate::pb::workload::{Address, address};
 use prost::Message;
 use serde_json::Value;
 
@@ -21,28 +21,28 @@ use super::render;
 
 /// What running one case produced.
 #[derive(Debug, Default)]
-pub struct Outcome {
-    pub name: String,
+pub(super) struct Outcome {
+    pub(super) name: String,
     /// The istio test(s) the case comes from, and whether its expectations were read from code.
-    pub source: String,
-    pub derived: bool,
-    pub derived_from: Option<String>,
+    pub(super) source: String,
+    pub(super) derived: bool,
+    pub(super) derived_from: Option<String>,
     /// The case's own `note`, if any.
-    pub note: Option<String>,
+    pub(super) note: Option<String>,
     /// Every failed expectation, as one self-contained line (phase, resource, field, values).
-    pub failures: Vec<String>,
+    pub(super) failures: Vec<String>,
     /// How the case was run (settings chosen, defaults normalised, objects skipped as invalid).
-    pub notes: Vec<String>,
+    pub(super) notes: Vec<String>,
 }
 
 impl Outcome {
-    pub fn passed(&self) -> bool {
+    pub(super) fn passed(&self) -> bool {
         self.failures.is_empty()
     }
 }
 
 /// The kind string of a fixture object or delete, as an index `Kind` if ambientd has it.
-pub fn index_kind(kind: &str) -> Option<Kind> {
+pub(super) fn index_kind(kind: &str) -> Option<Kind> {
     Kind::ALL.into_iter().find(|k| k.to_string() == kind)
 }
 
@@ -52,7 +52,7 @@ fn cluster_scoped(kind: &str) -> bool {
 }
 
 /// `(kind, namespace, name)` of a raw input object; namespaced kinds default to `default`.
-pub type RawKey = (String, String, String);
+pub(super) type RawKey = (String, String, String);
 
 fn raw_key(value: &Value) -> RawKey {
     let text = |pointer: &str| value.pointer(pointer).and_then(Value::as_str);
@@ -67,7 +67,7 @@ fn raw_key(value: &Value) -> RawKey {
 }
 
 /// Runs every phase of a case (initial input, then each step) and checks its expectations.
-pub fn run(case: &Case) -> Outcome {
+pub(super) fn run(case: &Case) -> Outcome {
     let mut outcome = Outcome {
         name: case.name.clone(),
         source: case.source.clone(),
@@ -180,7 +180,7 @@ impl Run {
     fn check_status(
         &mut self,
         phase: &str,
-        snapshot: &ambientd::discovery::Snapshot,
+        snapshot: &crate::discovery::Snapshot,
         (what, kinds): (&str, &[StatusKind]),
         key: &str,
         conditions: &serde_json::Value,
@@ -238,7 +238,7 @@ impl Run {
             .remove(&(kind.to_string(), namespace.to_string(), name.to_string()));
         let Some(index_kind) = index_kind(kind) else {
             self.unsupported.insert(format!(
-                "deleting kind {kind} (not in ambientd::discovery::Kind)"
+                "deleting kind {kind} (not in crate::discovery::Kind)"
             ));
             return;
         };
@@ -404,7 +404,7 @@ impl Run {
                 &fresh.authorizations,
             ),
         ] {
-            let names: BTreeSet<&ambientd::discovery::snapshot::Name> =
+            let names: BTreeSet<&crate::discovery::snapshot::Name> =
                 a.keys().chain(b.keys()).collect();
             for name in names {
                 let (x, y) = (a.get(&**name), b.get(&**name));
@@ -460,7 +460,7 @@ impl Run {
     }
 }
 
-fn summary(resource: Option<&Arc<ambientd::discovery::Resource>>) -> String {
+fn summary(resource: Option<&Arc<crate::discovery::Resource>>) -> String {
     match resource {
         None => "absent".into(),
         Some(r) => match decode_address(r) {
@@ -480,10 +480,10 @@ fn alias_texts(snapshot: &Snapshot) -> BTreeMap<String, Vec<String>> {
 }
 
 fn sorted<'a, S: 'a + ?Sized>(
-    entries: impl Iterator<Item = (&'a ambientd::discovery::snapshot::Name, &'a S)>,
+    entries: impl Iterator<Item = (&'a crate::discovery::snapshot::Name, &'a S)>,
 ) -> BTreeMap<String, Vec<String>>
 where
-    &'a S: IntoIterator<Item = &'a ambientd::discovery::snapshot::Name>,
+    &'a S: IntoIterator<Item = &'a crate::discovery::snapshot::Name>,
 {
     entries
         .map(|(k, v)| {
@@ -497,8 +497,8 @@ where
 
 /// A decoded Address resource.
 enum Addr {
-    Workload(Box<ambientd::pb::workload::Workload>),
-    Service(Box<ambientd::pb::workload::Service>),
+    Workload(Box<crate::pb::workload::Workload>),
+    Service(Box<crate::pb::workload::Service>),
 }
 
 impl Addr {
@@ -517,7 +517,7 @@ impl Addr {
     }
 }
 
-fn decode_address(resource: &ambientd::discovery::Resource) -> Result<Addr, String> {
+fn decode_address(resource: &crate::discovery::Resource) -> Result<Addr, String> {
     if resource.type_url() != ADDRESS_TYPE {
         return Err(format!("type_url {:?}", resource.type_url()));
     }

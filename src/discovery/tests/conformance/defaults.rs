@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 
-use ambientd::discovery::Settings;
+use crate::discovery::Settings;
 use serde_json::{Value, json};
 
 use super::runner::RawKey;
@@ -70,7 +70,7 @@ fn target_port_unset(service: &Value, index: Option<usize>, service_port: u64) -
 }
 
 /// Normalises one expected workload (see the module docs). Returns it and notes of what changed.
-pub fn workload(
+pub(super) fn workload(
     settings: &Settings,
     raw_objects: &Raw,
     uid: &str,
@@ -126,7 +126,7 @@ pub fn workload(
 }
 
 /// Normalises one expected service (see the module docs). Returns it and notes of what changed.
-pub fn service(
+pub(super) fn service(
     settings: &Settings,
     raw_objects: &Raw,
     key: &str,

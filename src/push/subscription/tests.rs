@@ -1,20 +1,18 @@
 //! Table tests of the pure delta xDS protocol decisions: subscriptions, request classification
 //! and what each `TypeState` sends for a snapshot.
 
-use crate::support::index as index_support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use ambientd::discovery::model::{Kind, ObjectRef, PodFields, Service};
-use ambientd::discovery::names::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
-use ambientd::discovery::snapshot::HISTORY;
-use ambientd::discovery::{Index, Object, Snapshot, TypeKind};
-use ambientd::pb::xds::{DeltaDiscoveryRequest, Status};
-use ambientd::push::subscription::{
+use crate::discovery::model::{Kind, ObjectRef, PodFields, Service};
+use crate::discovery::names::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
+use crate::discovery::snapshot::HISTORY;
+use crate::discovery::tests::support::*;
+use crate::discovery::{Index, Object, Snapshot, TypeKind};
+use crate::pb::xds::{DeltaDiscoveryRequest, Status};
+use crate::push::subscription::{
     Delta, InFlight, PUSH_WINDOW, RequestKind, Subscription, TypeState, WILDCARD, classify, split,
 };
-use index_support::*;
 
 fn strings(names: &[&str]) -> Vec<String> {
     names.iter().map(|s| s.to_string()).collect()

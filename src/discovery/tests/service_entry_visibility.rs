@@ -2,19 +2,15 @@
 //! Services, endpoints, canonical choice, waypoints and status conditions of ServiceEntries,
 //! and that a Namespace label change re-resolves it incrementally.
 
-use crate::support::index as index_support;
-
 use std::sync::Arc;
 
-use ambientd::discovery::model::status::{
+use super::support::*;
+use crate::discovery::model::status::{
     StatusKind, StatusTarget, VISIBILITY_APPLIED, WAYPOINT_BOUND,
 };
-use ambientd::discovery::model::visibility::{
-    ServiceEntryVisibility, Visibility, VisibilityPolicy,
-};
-use ambientd::discovery::model::{AllowedNamespaces, Gateway, Listener, NamespaceSelector};
-use ambientd::discovery::{Index, Object, Settings};
-use index_support::*;
+use crate::discovery::model::visibility::{ServiceEntryVisibility, Visibility, VisibilityPolicy};
+use crate::discovery::model::{AllowedNamespaces, Gateway, Listener, NamespaceSelector};
+use crate::discovery::{Index, Object, Settings};
 
 const HOST: &str = "api.example.com";
 /// No label: the default visibility (NAMESPACE).
@@ -427,7 +423,7 @@ fn the_debug_view_shows_each_services_visibility() {
     let snapshot = index.snapshot();
     let view = |namespace: &str| {
         let resource = &snapshot.addresses[host_key(namespace, HOST).as_str()];
-        ambientd::debug::render::address(resource)["visibility"].clone()
+        crate::debug::render::address(resource)["visibility"].clone()
     };
     assert_eq!(view(PRIVATE), "NAMESPACE");
     assert_eq!(view(TRUSTED), "PUBLIC");

@@ -6,10 +6,10 @@
 
 use std::net::IpAddr;
 
-use ambientd::pb::security::{
+use crate::pb::security::{
     self, Action, Authorization, Match, ServiceAccountMatch, StringMatch, string_match::MatchType,
 };
-use ambientd::pb::workload::{
+use crate::pb::workload::{
     AppProtocol, ApplicationTunnel, Extension, GatewayAddress, IpFamilies, LoadBalancing,
     NetworkAddress, NetworkMode, Port, PortList, Service, TunnelProtocol, WeightedWaypoint,
     Workload, WorkloadStatus, WorkloadType, application_tunnel, gateway_address::Destination,
@@ -89,7 +89,7 @@ where
 }
 
 /// Raw network-order bytes as an IP string (or a visible marker when the length is wrong).
-pub fn ip(raw: &[u8]) -> String {
+pub(super) fn ip(raw: &[u8]) -> String {
     match raw.len() {
         4 => IpAddr::from(<[u8; 4]>::try_from(raw).expect("4 bytes")).to_string(),
         16 => IpAddr::from(<[u8; 16]>::try_from(raw).expect("16 bytes")).to_string(),
@@ -168,7 +168,7 @@ fn app_protocol(raw: i32) -> String {
     enum_name(raw, AppProtocol::as_str_name)
 }
 
-pub fn workload(w: &Workload) -> Value {
+pub(super) fn workload(w: &Workload) -> Value {
     Obj::default()
         .str("uid", &w.uid)
         .str("name", &w.name)
@@ -289,7 +289,7 @@ fn weighted_waypoint(w: &WeightedWaypoint) -> Value {
         .done()
 }
 
-pub fn service(s: &Service) -> Value {
+pub(super) fn service(s: &Service) -> Value {
     Obj::default()
         .str("name", &s.name)
         .str("namespace", &s.namespace)
@@ -390,7 +390,7 @@ fn authorization_match(m: &Match) -> Value {
 
 /// Our proto's `rules[].clauses[].matches[]` in the fixture's istio Go naming
 /// `groups[].rules[].matches[]` (same field numbers, so the same bytes on the wire).
-pub fn authorization(a: &Authorization) -> Value {
+pub(super) fn authorization(a: &Authorization) -> Value {
     let groups = a
         .rules
         .iter()
