@@ -4,7 +4,7 @@
 //! A snapshot is a set of persistent maps: cloning it is O(1), and the index updates it in
 //! O(log n) per resource.
 
-pub(crate) mod alias;
+pub(crate) mod address_index;
 pub(crate) mod links;
 pub(crate) mod name;
 pub(crate) mod resource;
@@ -15,7 +15,7 @@ use std::sync::Arc;
 use crate::discovery::model::status::PolicyStatus;
 use crate::discovery::model::status::{DesiredStatus, StatusTarget};
 use crate::discovery::names::TypeKind;
-use crate::discovery::snapshot::alias::{Aliases, Networks};
+use crate::discovery::snapshot::address_index::{Aliases, Networks};
 pub(crate) use crate::discovery::snapshot::name::Name;
 pub use crate::discovery::snapshot::name::NameSet;
 pub use crate::discovery::snapshot::resource::{Resource, Version};
@@ -147,7 +147,7 @@ pub struct Snapshot {
     pub addresses: ResourceMap,
     pub authorizations: ResourceMap,
     /// `network/ip` -> names of Address resources with that address (workloads and services).
-    /// Usually one name each, kept alone ([`Aliases`]). The keys are numbers ([`crate::discovery::snapshot::alias::Alias`]); [`Snapshot::alias`]
+    /// Usually one name each, kept alone ([`Aliases`]). The keys are numbers ([`crate::discovery::snapshot::address_index::Alias`]); [`Snapshot::alias`]
     /// looks one up by its text.
     pub(crate) aliases: Aliases,
     /// The networks aliases refer to.

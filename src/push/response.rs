@@ -12,7 +12,7 @@
 //! and builds its IP index from the message contents, never from aliases), and together they
 //! would add about 20 B to every ~420 B single-workload response to every proxy (BENCHMARKS.md,
 //! T5). Aliases still serve on-demand `network/ip` lookups inside ambientd (read from the
-//! values: [`crate::discovery::snapshot::alias`]). The nonce is the connection's response counter in hex:
+//! values: [`crate::discovery::snapshot::address_index`]). The nonce is the connection's response counter in hex:
 //! ztunnel only echoes it.
 
 use std::sync::Arc;

@@ -21,8 +21,8 @@ use crate::discovery::model::status::{DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::model::visibility::ServiceEntryVisibility;
 use crate::discovery::model::{Event, Kind, Object, ObjectRef};
 use crate::discovery::names::{TypeKind, pod_uid};
-use crate::discovery::snapshot::alias::aliases_of;
-use crate::discovery::snapshot::alias::{Aliases, Networks};
+use crate::discovery::snapshot::address_index::aliases_of;
+use crate::discovery::snapshot::address_index::{Aliases, Networks};
 use crate::discovery::snapshot::links::Links;
 use crate::discovery::snapshot::{
     Changes, HISTORY, MIN_HISTORY_NAMES, Name, NameSet, PersistentMap, Resource, ResourceMap,

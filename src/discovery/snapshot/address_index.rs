@@ -1,4 +1,5 @@
-//! [`Alias`]: the snapshot's `network/ip` lookup keys, held as numbers, not text.
+//! The snapshot's address index: which resources hold each `network/ip` ([`Aliases`]), keyed
+//! by [`Alias`]es held as numbers, not text.
 //!
 //! Every address of every workload and service is an alias (`/10.0.0.5` on the default
 //! network), so at 100k pods text keys would be 100k strings: a 32-byte block each, plus a
