@@ -537,6 +537,19 @@ impl Index {
         let changes = changes.of_mut(TypeKind::Address);
         match new {
             Some(mut new) => {
+                // The resource holds the indexes' own names (one allocation per service and
+                // node, not one per workload).
+                let links = new.links_mut();
+                for service in links.services.iter_mut() {
+                    if let Some((shared, _)) = self.members.get_key_value(service) {
+                        *service = shared.clone();
+                    }
+                }
+                if let Some(node) = &mut links.node
+                    && let Some((shared, _)) = self.by_node.get_key_value(node)
+                {
+                    *node = shared.clone();
+                }
                 new.name = key.clone();
                 self.addresses.insert(key.clone(), Arc::new(new));
                 changes.upsert(&key);

@@ -120,6 +120,11 @@ impl Resource {
         &self.links
     }
 
+    /// The links, to share their names with the index's.
+    pub(crate) fn links_mut(&mut self) -> &mut Links {
+        &mut self.links
+    }
+
     /// Whether this Address holds a Service (else a Workload).
     pub(crate) fn is_service(&self) -> bool {
         self.links.is_service
