@@ -9,6 +9,8 @@
 pub mod app;
 pub mod ca;
 pub mod config;
+#[cfg(test)]
+mod conformance;
 pub mod debug;
 pub mod discovery;
 pub mod kube;

@@ -24,11 +24,9 @@ use serde_json::json;
 use crate::debug::DebugState;
 use crate::discovery::Snapshot;
 use crate::discovery::evaluator::{Connection, Identity, applies_to, evaluate};
-use crate::discovery::names::{ip_bytes, ip_from_bytes};
+use crate::discovery::names::{self, ip_bytes, ip_from_bytes};
 use crate::pb::security::Authorization;
-use crate::pb::workload::{
-    Address, GatewayAddress, Service, TunnelProtocol, Workload, address, gateway_address,
-};
+use crate::pb::workload::{Address, Service, TunnelProtocol, Workload, address};
 
 #[derive(Debug, Deserialize)]
 pub struct ExplainQuery {
@@ -68,9 +66,24 @@ fn services(snapshot: &Snapshot) -> impl Iterator<Item = Service> + '_ {
         })
 }
 
-/// A Service's key in workloads' `services` maps: `ns/hostname`.
+/// A Service's resource name and key in workloads' `services` maps: `ns/hostname`.
 fn service_key(service: &Service) -> String {
-    format!("{}/{}", service.namespace, service.hostname)
+    names::service_key(&service.namespace, &service.hostname)
+}
+
+/// The workloads among the names an index lookup gives, decoded, in name order.
+fn workloads_named(snapshot: &Snapshot, names: Vec<String>) -> Vec<Workload> {
+    let mut found: Vec<Workload> = names
+        .iter()
+        .filter_map(|name| snapshot.addresses.get(name.as_str()))
+        .filter(|r| !r.is_service())
+        .filter_map(|r| match Address::decode(r.value()).ok()?.r#type {
+            Some(address::Type::Workload(w)) => Some(w),
+            _ => None,
+        })
+        .collect();
+    found.sort_by(|a, b| a.uid.cmp(&b.uid));
+    found
 }
 
 /// What `destination` names.
@@ -111,14 +124,10 @@ fn destination(snapshot: &Snapshot, key: &str) -> Option<Destination> {
     }
 }
 
-/// The workloads behind a Service (those whose `services` map names it).
+/// The workloads behind a Service (those whose `services` map names it), from the index's
+/// members of the Service.
 fn backends(snapshot: &Snapshot, service: &Service) -> Vec<Workload> {
-    let key = service_key(service);
-    let mut found: Vec<Workload> = workloads(snapshot)
-        .filter(|w| w.services.contains_key(&key))
-        .collect();
-    found.sort_by(|a, b| a.uid.cmp(&b.uid));
-    found
+    workloads_named(snapshot, snapshot.lookup_addresses(&service_key(service)))
 }
 
 /// The port a connection to `service`'s `port` reaches on `workload`: the workload's own
@@ -137,33 +146,6 @@ fn target_port(service: &Service, workload: &Workload, port: u16) -> u16 {
         .and_then(|list| mapped(&list.ports))
         .or_else(|| mapped(&service.ports))
         .unwrap_or(port)
-}
-
-/// The waypoint's workloads: those behind the Service its address names.
-fn waypoint_workloads(snapshot: &Snapshot, waypoint: &GatewayAddress) -> Vec<Workload> {
-    let service = match &waypoint.destination {
-        Some(gateway_address::Destination::Address(a)) => {
-            services(snapshot).find(|s| s.addresses.iter().any(|x| x.address == a.address))
-        }
-        Some(gateway_address::Destination::Hostname(h)) => {
-            services(snapshot).find(|s| s.namespace == h.namespace && s.hostname == h.hostname)
-        }
-        None => None,
-    };
-    service.map_or_else(Vec::new, |s| backends(snapshot, &s))
-}
-
-fn describe_gateway(waypoint: &GatewayAddress) -> String {
-    match &waypoint.destination {
-        Some(gateway_address::Destination::Address(a)) => {
-            let ip = ip_from_bytes(&a.address).map_or_else(String::new, |ip| ip.to_string());
-            format!("{}/{ip}", a.network)
-        }
-        Some(gateway_address::Destination::Hostname(h)) => {
-            format!("{}/{}", h.namespace, h.hostname)
-        }
-        None => String::new(),
-    }
 }
 
 fn identity_of(w: &Workload, trust_domain: &str) -> Identity {
@@ -273,9 +255,14 @@ pub async fn authorize(State(state): State<DebugState>, Query(q): Query<ExplainQ
         ));
     }
     // Through a waypoint, the workloads' ztunnels see the waypoint's identity.
-    let (hop_identity, hop_ip, waypoint) = match &service.waypoint {
-        Some(waypoint) => {
-            let pods = waypoint_workloads(&snapshot, waypoint);
+    // The waypoint's lookup key (`ns/hostname` or `network/ip`), as the index keeps it.
+    let waypoint_key = snapshot
+        .addresses
+        .get(service_key(&service).as_str())
+        .and_then(|r| r.waypoint());
+    let (hop_identity, hop_ip, waypoint) = match waypoint_key {
+        Some(key) => {
+            let pods = workloads_named(&snapshot, snapshot.lookup_addresses(&key));
             let first = pods.first();
             let identity = first.map(|w| identity_of(w, &state.settings.trust_domain));
             let ip = first
@@ -291,7 +278,7 @@ pub async fn authorize(State(state): State<DebugState>, Query(q): Query<ExplainQ
                  through it; each workload is explained for an unidentified caller"
             };
             let described = json!({
-                "address": describe_gateway(waypoint),
+                "address": key.as_str(),
                 "identity": identity.as_ref().map(|i| format!("spiffe://{}", i.principal())),
                 "workloads": pods.iter().map(|w| w.uid.clone()).collect::<Vec<_>>(),
                 "note": note,

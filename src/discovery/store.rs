@@ -22,7 +22,9 @@ use crate::discovery::names::service_hostname;
 use crate::discovery::settings::Settings;
 
 mod pods;
+mod small_set;
 pub(crate) use pods::Pods;
+pub(crate) use small_set::SmallSet;
 
 use crate::discovery::model::{Key, NETWORK_LABEL};
 
@@ -748,52 +750,6 @@ impl Store {
             Kind::AuthorizationPolicy => keyed(kind, &self.policies),
             Kind::PeerAuthentication => keyed(kind, &self.peer_authentications),
         }
-    }
-}
-
-/// A sorted set kept as a vector with no spare capacity. The store's per-hostname and
-/// per-selector sets hold one or two entries each, where a `BTreeSet` allocates a node of
-/// eleven (632 to 896 bytes per Service).
-#[derive(Debug)]
-pub(crate) struct SmallSet<T>(Vec<T>);
-
-impl<T> Default for SmallSet<T> {
-    fn default() -> Self {
-        SmallSet(Vec::new())
-    }
-}
-
-impl<T: Ord> SmallSet<T> {
-    pub(crate) fn insert(&mut self, item: T) {
-        if let Err(i) = self.0.binary_search(&item) {
-            self.0.reserve_exact(1);
-            self.0.insert(i, item);
-        }
-    }
-
-    pub(crate) fn remove(&mut self, item: &T) {
-        if let Ok(i) = self.0.binary_search(item) {
-            self.0.remove(i);
-            self.0.shrink_to_fit();
-        }
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// In order.
-    pub(crate) fn iter(&self) -> std::slice::Iter<'_, T> {
-        self.0.iter()
-    }
-}
-
-impl<'a, T> IntoIterator for &'a SmallSet<T> {
-    type Item = &'a T;
-    type IntoIter = std::slice::Iter<'a, T>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.iter()
     }
 }
 

@@ -5,7 +5,6 @@
 
 pub(crate) mod support;
 
-mod conformance;
 mod dependencies;
 mod index;
 mod index_changes;

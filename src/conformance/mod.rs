@@ -25,7 +25,7 @@
 //! `CONFORMANCE_VERBOSE=1` prints every failure line and note, also for known gaps.
 //!
 //! ```sh
-//! cargo test --lib discovery::tests::conformance:: -- --nocapture
+//! cargo test --lib conformance:: -- --nocapture
 //! ```
 
 mod compare;
