@@ -11,11 +11,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/citadel.proto",
         "proto/discovery.proto",
         "proto/status.proto",
+        // Envoy's own API, trimmed to what ambientd sets (waypoints' config, SDS).
+        "proto/envoy/config/core/v3/core.proto",
+        "proto/envoy/type/matcher/v3/matcher.proto",
+        "proto/envoy/extensions/transport_sockets/tls/v3/tls.proto",
+        "proto/envoy/service/secret/v3/sds.proto",
     ];
     for file in files {
         println!("cargo:rerun-if-changed={file}");
     }
     let descriptors = protox::compile(files, ["proto"])?;
+    // Every message implements `prost::Name`: its type URL is `Name::type_url()`, for `Any`.
+    let mut config = tonic_prost_build::Config::new();
+    config
+        .enable_type_names()
+        .type_name_domain(["."], "type.googleapis.com");
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
@@ -23,6 +33,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .bytes(".")
         // Maps encode in key order, so the same content always has the same bytes and version.
         .btree_map(".")
-        .compile_fds(descriptors)?;
+        .compile_fds_with_config(descriptors, config)?;
     Ok(())
 }

@@ -24,10 +24,38 @@ pub mod istio {
 }
 
 pub mod envoy {
+    pub mod config {
+        pub mod core {
+            pub mod v3 {
+                tonic::include_proto!("envoy.config.core.v3");
+            }
+        }
+    }
+    pub mod extensions {
+        pub mod transport_sockets {
+            pub mod tls {
+                pub mod v3 {
+                    tonic::include_proto!("envoy.extensions.transport_sockets.tls.v3");
+                }
+            }
+        }
+    }
+    pub mod r#type {
+        pub mod matcher {
+            pub mod v3 {
+                tonic::include_proto!("envoy.r#type.matcher.v3");
+            }
+        }
+    }
     pub mod service {
         pub mod discovery {
             pub mod v3 {
                 tonic::include_proto!("envoy.service.discovery.v3");
+            }
+        }
+        pub mod secret {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.secret.v3");
             }
         }
         pub mod status {
