@@ -295,6 +295,15 @@ fn tags_are_upstreams() {
         ..Default::default()
     };
     assert_eq!(address.encode_to_vec(), [0x18, 0x00]);
+    // Node.extensions = 9, Extension.type_urls = 6.
+    let node = crate::pb::xds::Node {
+        extensions: vec![envoy_core::Extension {
+            type_urls: vec!["t".into()],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    assert_eq!(node.encode_to_vec(), [0x4a, 0x03, 0x32, 0x01, b't']);
     // Cluster.load_assignment = 33, ClusterLoadAssignment.cluster_name = 1.
     let cluster = cluster::Cluster {
         load_assignment: Some(endpoint::ClusterLoadAssignment {
