@@ -141,6 +141,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let debug_xds = crate::debug::xds::responder(debug_state.clone());
     let mut debug_authenticators = None;
     let mut root_bundles = None;
+    // One waypoint config per waypoint, whichever port its replicas connect to.
+    let waypoint_configs = Arc::new(crate::push::waypoint::configs::WaypointConfigs::new(
+        crate::waypoint::WaypointSettings::of(&config.settings),
+    ));
     let xds_tls_address = match &config.ca {
         Some(ca) => {
             let pods = Arc::new(crate::ca::SnapshotPods::new(snapshots.clone()));
@@ -149,6 +153,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
                 .with_idle_timeout(config.stream_idle_timeout)
                 .with_shutdown(shutdown.clone())
                 .with_scope_to_node(config.scope_to_node)
+                .with_waypoint_configs(waypoint_configs.clone())
                 .with_debug(debug_xds.clone())
                 .into_service();
             let mut ca = crate::ca::CaConfig {
@@ -291,6 +296,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         .with_idle_timeout(config.stream_idle_timeout)
         .with_shutdown(shutdown.clone())
         .with_scope_to_node(config.scope_to_node)
+        .with_waypoint_configs(waypoint_configs)
         .with_debug(debug_xds)
         .into_service();
     let stop = shutdown.clone();

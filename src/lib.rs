@@ -2,7 +2,8 @@
 //!
 //! Data flow: sources ([`kube`]) turn manifests or Kubernetes watches into typed events; the
 //! pure [`discovery`] index turns those into encoded xDS resources and publishes immutable
-//! snapshots; [`push`] serves them to ztunnel over delta ADS; [`debug`] serves readiness.
+//! snapshots; [`push`] serves them to ztunnel over delta ADS, and [`waypoint`] builds each
+//! waypoint's Envoy config from them; [`debug`] serves readiness.
 //! See ARCHITECTURE.md for the picture.
 #![forbid(unsafe_code)]
 
@@ -17,3 +18,4 @@ pub mod kube;
 pub mod metrics;
 pub mod pb;
 pub mod push;
+pub mod waypoint;

@@ -63,6 +63,7 @@ pub(super) fn ztunnel_node(n: usize) -> Node {
         ),
         cluster: String::new(),
         metadata: Some(Struct { fields }),
+        ..Default::default()
     }
 }
 

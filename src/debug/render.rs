@@ -233,7 +233,7 @@ pub fn address(resource: &Resource) -> Value {
 
 /// A decoded resource of either type as JSON.
 pub fn resource(resource: &Resource) -> Value {
-    if resource.kind == TypeKind::Authorization {
+    if resource.kind == TypeKind::Authorization.into() {
         match Authorization::decode(resource.value()) {
             Ok(a) => authorization(&a),
             Err(e) => json!({"error": e.to_string()}),
@@ -249,7 +249,7 @@ pub fn resource(resource: &Resource) -> Value {
 pub fn any(resource: &Resource) -> Value {
     let mut map = Map::new();
     map.insert("@type".into(), json!(resource.kind.type_url()));
-    if resource.kind == TypeKind::Authorization {
+    if resource.kind == TypeKind::Authorization.into() {
         match Authorization::decode(resource.value()) {
             Ok(a) => map.extend(obj(authorization(&a))),
             Err(e) => {
@@ -268,6 +268,90 @@ pub fn any(resource: &Resource) -> Value {
             Err(e) => {
                 map.insert("error".into(), json!(e.to_string()));
             }
+        }
+    }
+    Value::Object(map)
+}
+
+/// A waypoint's Envoy resource as a summary (ambientd has no protojson for Envoy's types):
+/// `@type`, name and version, and per type what a reader looks for: a listener's address and
+/// chains, a cluster's discovery type and EDS name, an assignment's endpoints.
+pub fn envoy(resource: &Resource) -> Value {
+    use crate::discovery::ResourceType;
+    use crate::pb::envoy::config::cluster::v3::{Cluster, cluster};
+    use crate::pb::envoy::config::core::v3::{Address as EnvoyAddress, address as envoy_address};
+    use crate::pb::envoy::config::endpoint::v3::{ClusterLoadAssignment, lb_endpoint};
+    use crate::pb::envoy::config::listener::v3::{Listener, listener};
+
+    fn address(a: Option<&EnvoyAddress>) -> Value {
+        match a.and_then(|a| a.address.as_ref()) {
+            Some(envoy_address::Address::SocketAddress(s)) => {
+                let port = match s.port_specifier {
+                    Some(crate::pb::envoy::config::core::v3::socket_address::PortSpecifier::PortValue(p)) => p,
+                    _ => 0,
+                };
+                json!(format!("{}:{port}", s.address))
+            }
+            Some(envoy_address::Address::EnvoyInternalAddress(i)) => {
+                let listener = match &i.address_name_specifier {
+                    Some(crate::pb::envoy::config::core::v3::envoy_internal_address::AddressNameSpecifier::ServerListenerName(l)) => l.as_str(),
+                    None => "",
+                };
+                if i.endpoint_id.is_empty() {
+                    json!(format!("internal:{listener}"))
+                } else {
+                    json!(format!("internal:{listener};{}", i.endpoint_id))
+                }
+            }
+            _ => Value::Null,
+        }
+    }
+    let mut map = Map::new();
+    map.insert("@type".into(), json!(resource.type_url()));
+    map.insert("name".into(), json!(resource.name.as_str()));
+    map.insert("version".into(), json!(resource.version.to_string()));
+    let summary = match resource.kind() {
+        ResourceType::Listener => Listener::decode(resource.value()).map(|l| {
+            json!({
+                "address": address(l.address.as_ref()),
+                "internal": matches!(l.listener_specifier, Some(listener::ListenerSpecifier::InternalListener(_))),
+                "filterChains": l.filter_chains.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+                "listenerFilters": l.listener_filters.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(),
+            })
+        }),
+        ResourceType::Cluster => Cluster::decode(resource.value()).map(|c| {
+            let kind = match c.cluster_discovery_type {
+                Some(cluster::ClusterDiscoveryType::Type(t)) => cluster::DiscoveryType::try_from(t)
+                    .map(|t| t.as_str_name())
+                    .unwrap_or("UNKNOWN"),
+                _ => "",
+            };
+            json!({
+                "type": kind,
+                "edsServiceName": c.eds_cluster_config.as_ref().map(|e| e.service_name.as_str()),
+                "lbPolicy": cluster::LbPolicy::try_from(c.lb_policy).map(|p| p.as_str_name()).unwrap_or("UNKNOWN"),
+            })
+        }),
+        ResourceType::ClusterLoadAssignment => {
+            ClusterLoadAssignment::decode(resource.value()).map(|a| {
+                let endpoints: Vec<Value> = a
+                    .endpoints
+                    .iter()
+                    .flat_map(|l| l.lb_endpoints.iter())
+                    .map(|e| match &e.host_identifier {
+                        Some(lb_endpoint::HostIdentifier::Endpoint(e)) => address(e.address.as_ref()),
+                        _ => Value::Null,
+                    })
+                    .collect();
+                json!({"clusterName": a.cluster_name, "endpoints": endpoints})
+            })
+        }
+        _ => Ok(json!({})),
+    };
+    match summary {
+        Ok(summary) => map.extend(obj(summary)),
+        Err(e) => {
+            map.insert("error".into(), json!(e.to_string()));
         }
     }
     Value::Object(map)

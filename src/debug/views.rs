@@ -15,6 +15,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::debug::{DebugState, render};
+use crate::discovery::ResourceType;
 use crate::discovery::model::status::{StatusCondition, StatusKind, StatusTarget};
 use crate::discovery::names::TypeKind;
 use crate::discovery::{Resource, Snapshot};
@@ -60,9 +61,15 @@ pub async fn syncz(
             let resources: BTreeMap<&str, Value> = c
                 .types
                 .iter()
-                .map(|(kind, t)| {
+                .map(|(kind, t)| (kind.type_url(), t))
+                .chain(
+                    c.waypoint_types
+                        .iter()
+                        .map(|(kind, t)| (kind.type_url(), t)),
+                )
+                .map(|(type_url, t)| {
                     (
-                        kind.type_url(),
+                        type_url,
                         json!({
                             "sent": t.sent_nonce,
                             "acked": t.acked_nonce,
@@ -128,13 +135,19 @@ pub async fn adsz(State(state): State<DebugState>, Query(q): Query<ProxyQuery>) 
             let watches: BTreeMap<&str, Value> = c
                 .types
                 .iter()
-                .map(|(kind, t)| {
+                .map(|(kind, t)| (kind.type_url(), t))
+                .chain(
+                    c.waypoint_types
+                        .iter()
+                        .map(|(kind, t)| (kind.type_url(), t)),
+                )
+                .map(|(type_url, t)| {
                     let names = if t.wildcard {
                         json!([])
                     } else {
                         json!(t.names)
                     };
-                    (kind.type_url(), names)
+                    (type_url, names)
                 })
                 .collect();
             if let Value::Object(map) = &mut summary {
@@ -156,6 +169,12 @@ pub async fn adsz(State(state): State<DebugState>, Query(q): Query<ProxyQuery>) 
                             .iter()
                             .filter(|(_, t)| t.wildcard)
                             .map(|(k, _)| k.type_url())
+                            .chain(
+                                c.waypoint_types
+                                    .iter()
+                                    .filter(|(_, t)| t.wildcard)
+                                    .map(|(k, _)| k.type_url())
+                            )
                             .collect::<Vec<_>>()
                     ),
                 );
@@ -202,6 +221,34 @@ pub fn dump_types(types: Option<&str>) -> Result<Vec<TypeKind>, String> {
         .collect())
 }
 
+/// The types a waypoint's `config_dump` shows: clusters, listeners and endpoints unless `types`
+/// names some (`CDS`, `LDS`, `EDS`, or the type URLs), in push order.
+pub fn waypoint_dump_types(types: Option<&str>) -> Result<Vec<ResourceType>, String> {
+    let names: Vec<&str> = types
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .collect();
+    let envoy = [
+        ResourceType::Cluster,
+        ResourceType::ClusterLoadAssignment,
+        ResourceType::Listener,
+    ];
+    if names.is_empty() {
+        return Ok(envoy.to_vec());
+    }
+    let mut wanted = Vec::new();
+    for name in names {
+        let kind = envoy
+            .into_iter()
+            .find(|k| k.short_name().eq_ignore_ascii_case(name) || k.type_url() == name)
+            .ok_or_else(|| format!("unknown waypoint type {name:?}; known: CDS, EDS, LDS"))?;
+        wanted.push(kind);
+    }
+    Ok(envoy.into_iter().filter(|k| wanted.contains(k)).collect())
+}
+
 /// `/debug/config_dump?proxyID=[&types=]`: what that proxy holds, as istiod's Envoy-admin-style
 /// `ConfigDump`: `{"configs": [Any...]}`, each resource as protojson writes an `Any` (see
 /// [`render::any`]), sorted by name within each type. 400 without proxyID or with an unknown
@@ -226,6 +273,24 @@ pub async fn config_dump(
         )
             .into_response();
     };
+    if !connection.waypoint_types.is_empty() {
+        return match waypoint_dump_types(q.types.as_deref()) {
+            Ok(kinds) => {
+                let configs: Vec<Value> = kinds
+                    .into_iter()
+                    .filter_map(|kind| connection.waypoint_types.get(&kind))
+                    .filter_map(|t| match &t.view {
+                        Some(ClientView::Resources(resources)) => Some(resources),
+                        _ => None,
+                    })
+                    .flat_map(|resources| resources.values())
+                    .map(|resource| render::envoy(resource))
+                    .collect();
+                Json(json!({ "configs": configs })).into_response()
+            }
+            Err(error) => (StatusCode::BAD_REQUEST, format!("types: {error}\n")).into_response(),
+        };
+    }
     let latest = state.snapshots.borrow().clone();
     let configs: Vec<Value> = kinds
         .into_iter()
@@ -263,6 +328,10 @@ pub(crate) fn held(
                     .filter(|r| r.version.is(version))?;
                 Some((name.clone(), resource))
             })
+            .collect(),
+        Some(ClientView::Resources(resources)) => resources
+            .iter()
+            .map(|(name, r)| (name.clone(), r.clone()))
             .collect(),
         None => Vec::new(),
     };

@@ -28,6 +28,9 @@ pub(crate) mod tests;
 
 pub use index::Index;
 pub use model::{Event, Kind, Object, ObjectRef};
-pub use names::{ADDRESS_TYPE, AUTHORIZATION_TYPE, PerType, TypeKind};
+pub use names::{
+    ADDRESS_TYPE, AUTHORIZATION_TYPE, CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, PerType,
+    ResourceType, TypeKind, WORKLOAD_TYPE,
+};
 pub use settings::Settings;
 pub use snapshot::{Changes, NameSet, Resource, ResourceMap, Snapshot, TypeChanges, Version};

@@ -5,6 +5,80 @@ use std::net::IpAddr;
 
 pub const ADDRESS_TYPE: &str = "type.googleapis.com/istio.workload.Address";
 pub const AUTHORIZATION_TYPE: &str = "type.googleapis.com/istio.security.Authorization";
+pub const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+pub const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+pub const ENDPOINT_TYPE: &str =
+    "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+/// The Workload type waypoints subscribe to for peer metadata (named by workload uid).
+pub const WORKLOAD_TYPE: &str = "type.googleapis.com/istio.workload.Workload";
+
+/// Every type a resource can have: ztunnel's two ([`TypeKind`]) and the four a waypoint's
+/// Envoy is sent. One byte in each [`crate::discovery::Resource`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ResourceType {
+    Address,
+    Authorization,
+    Cluster,
+    Listener,
+    ClusterLoadAssignment,
+    Workload,
+}
+
+impl ResourceType {
+    /// The waypoint types, in istiod's push order (`ads.go` `PushOrder`: CDS, EDS, LDS, then
+    /// Workload).
+    pub const WAYPOINT: [ResourceType; 4] = [
+        ResourceType::Cluster,
+        ResourceType::ClusterLoadAssignment,
+        ResourceType::Listener,
+        ResourceType::Workload,
+    ];
+
+    pub fn type_url(self) -> &'static str {
+        match self {
+            ResourceType::Address => ADDRESS_TYPE,
+            ResourceType::Authorization => AUTHORIZATION_TYPE,
+            ResourceType::Cluster => CLUSTER_TYPE,
+            ResourceType::Listener => LISTENER_TYPE,
+            ResourceType::ClusterLoadAssignment => ENDPOINT_TYPE,
+            ResourceType::Workload => WORKLOAD_TYPE,
+        }
+    }
+
+    pub fn from_type_url(type_url: &str) -> Option<Self> {
+        [
+            ResourceType::Address,
+            ResourceType::Authorization,
+            ResourceType::Cluster,
+            ResourceType::Listener,
+            ResourceType::ClusterLoadAssignment,
+            ResourceType::Workload,
+        ]
+        .into_iter()
+        .find(|t| t.type_url() == type_url)
+    }
+
+    /// Envoy's short name for the type, as istiod's debug views and metrics label it.
+    pub fn short_name(self) -> &'static str {
+        match self {
+            ResourceType::Address => "Address",
+            ResourceType::Authorization => "Authorization",
+            ResourceType::Cluster => "cds",
+            ResourceType::Listener => "lds",
+            ResourceType::ClusterLoadAssignment => "eds",
+            ResourceType::Workload => "Workload",
+        }
+    }
+}
+
+impl From<TypeKind> for ResourceType {
+    fn from(kind: TypeKind) -> Self {
+        match kind {
+            TypeKind::Address => ResourceType::Address,
+            TypeKind::Authorization => ResourceType::Authorization,
+        }
+    }
+}
 
 /// The resource types ambientd serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -12,6 +12,7 @@ pub(crate) mod resource;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use crate::discovery::model::authorization::AuthorizationPolicy;
 use crate::discovery::model::status::PolicyStatus;
 use crate::discovery::model::status::{DesiredStatus, StatusTarget};
 use crate::discovery::names::TypeKind;
@@ -158,6 +159,12 @@ pub struct Snapshot {
     pub(crate) members: PersistentMap<Name, NameSet>,
     /// Node name -> the workloads on it.
     pub(crate) by_node: PersistentMap<Name, NameSet>,
+    /// Waypoint lookup key (`ns/hostname` or `network/ip`, as [`Resource::waypoint`] gives
+    /// it) -> the services and workloads that use that waypoint: what a waypoint serves.
+    pub(crate) by_waypoint: PersistentMap<Name, NameSet>,
+    /// AuthorizationPolicies with `targetRef(s)`, by `ns/name`: enforced by waypoints, never
+    /// sent to ztunnel. The same slice until one of them changes.
+    pub waypoint_policies: Arc<[Arc<AuthorizationPolicy>]>,
     /// `(generation, changes that produced it)`, oldest first, at most [`HISTORY`] entries and
     /// [`MIN_HISTORY_NAMES`] or an eighth of the resources' count in names.
     pub(crate) history: imbl::Vector<(u64, Arc<Changes>)>,
@@ -428,6 +435,16 @@ impl Snapshot {
             Some(service) => self.lookup_addresses(service),
             None => Vec::new(),
         }
+    }
+
+    /// The services and workloads that use the waypoint a lookup key names (`ns/hostname` or
+    /// `network/ip`).
+    pub fn bound_to(&self, waypoint_key: &str) -> impl Iterator<Item = &Arc<Resource>> + '_ {
+        self.by_waypoint
+            .get(waypoint_key)
+            .into_iter()
+            .flat_map(|names| names.iter())
+            .filter_map(|name| self.addresses.get(name))
     }
 
     /// The names with the address a `network/ip` key names.

@@ -14,6 +14,7 @@ pub mod response;
 pub mod route;
 pub mod server;
 pub mod subscription;
+pub mod waypoint;
 
 pub use indexer::{Debounce, Snapshots};
 pub use registry::Registry;

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
 use crate::discovery::Snapshot;
-use crate::discovery::names::PerType;
+use crate::discovery::names::{PerType, ResourceType};
 use crate::push::server::ProxyInfo;
 
 /// What the client holds for one type.
@@ -18,6 +18,8 @@ pub enum ClientView {
     Snapshot(Arc<Snapshot>),
     /// An explicit (on-demand) client holds these names, at these versions.
     Held(BTreeMap<String, String>),
+    /// A waypoint holds these resources (shared with its config; no copy).
+    Resources(BTreeMap<String, Arc<crate::discovery::Resource>>),
 }
 
 /// One type's sync state on one connection.
@@ -58,6 +60,8 @@ pub struct ConnectionStatus {
     pub connected_at: SystemTime,
     pub proxy: Option<ProxyInfo>,
     pub types: PerType<TypeStatus>,
+    /// A waypoint's types (Cluster, ClusterLoadAssignment, Listener, Workload).
+    pub waypoint_types: BTreeMap<ResourceType, TypeStatus>,
     pub pending: Pending,
 }
 
@@ -81,6 +85,7 @@ impl Registry {
             connected_at: SystemTime::now(),
             proxy: None,
             types: PerType::new(),
+            waypoint_types: BTreeMap::new(),
             pending: Pending::default(),
         }));
         lock(&self.connections).insert(id, status.clone());

@@ -31,6 +31,9 @@ use crate::push::registry::Registry;
 
 use crate::push::connection::Connection;
 pub use crate::push::connection::ProxyInfo;
+use crate::push::waypoint::WaypointConnection;
+use crate::push::waypoint::configs::WaypointConfigs;
+use crate::waypoint::{WaypointProxy, WaypointSettings};
 
 /// ztunnel's maximum decoding message size (200 MiB: istio/ztunnel `src/xds/client.rs`). A response
 /// whose resources exceed half of it is split in several, so that framing and a growing state never
@@ -55,6 +58,7 @@ pub struct AdsServer {
     shutdown: CancellationToken,
     request_budget: crate::push::route::RequestBudget,
     debug: Option<Arc<dyn DebugResponder>>,
+    waypoints: Arc<WaypointConfigs>,
 }
 
 impl AdsServer {
@@ -73,7 +77,21 @@ impl AdsServer {
                 crate::push::route::REQUEST_BUDGET_BYTES,
             ),
             debug: None,
+            waypoints: Arc::new(WaypointConfigs::new(WaypointSettings::default())),
         }
+    }
+
+    /// The waypoint configs to serve from (built with the mesh's trust domain, DNS domain
+    /// and root namespace), shared with the other port's server; the default settings' own
+    /// otherwise.
+    pub fn with_waypoint_configs(mut self, configs: Arc<WaypointConfigs>) -> Self {
+        self.waypoints = configs;
+        self
+    }
+
+    /// The waypoint configs this server shares between a waypoint's streams.
+    pub fn waypoint_configs(&self) -> Arc<WaypointConfigs> {
+        self.waypoints.clone()
     }
 
     /// How many bytes of large requests all streams may be reading and decoding at once
@@ -262,10 +280,64 @@ impl AdsServer {
         let peer = peer.map(|a| a.to_string()).unwrap_or_default();
         let (connection, responses) = self.connection(id, peer.clone());
         let span = info_span!("xds", id, peer);
-        tokio::spawn(Box::new(connection).run(inbound).instrument(span));
+        let waypoints = self.waypoints.clone();
+        // The first request's node says who is calling: a waypoint's Envoy gets its own
+        // connection task; everyone else (ztunnel) the usual one. Each task is boxed so
+        // that this future stays the size of one pointer while the stream lives.
+        let task = async move {
+            let mut inbound = inbound;
+            let first = inbound.next().await;
+            if let Some(Ok((request, known))) = &first
+                && let Some(node) = &request.node
+                && WaypointProxy::is_waypoint(node)
+            {
+                let proxy = match WaypointProxy::from_node(node) {
+                    Ok(proxy) => proxy,
+                    Err(why) => {
+                        connection.outbound.end_with(Status::invalid_argument(why));
+                        return;
+                    }
+                };
+                let first = (request.clone(), known.clone());
+                let waypoint = waypoint_connection(connection, proxy, waypoints);
+                Box::pin(Box::new(waypoint).run(first, inbound)).await;
+                return;
+            }
+            let inbound = futures::stream::iter(first).chain(inbound);
+            Box::pin(Box::new(connection).run(inbound)).await;
+        };
+        tokio::spawn(task.instrument(span));
         responses
     }
+}
 
+/// A waypoint's connection, taking over a stream's outbound queue and registry entry.
+fn waypoint_connection(
+    connection: Connection,
+    proxy: WaypointProxy,
+    configs: Arc<WaypointConfigs>,
+) -> WaypointConnection {
+    WaypointConnection {
+        id: connection.id,
+        snapshots: connection.snapshots,
+        configs,
+        outbound: connection.outbound,
+        status: connection.status,
+        metrics: connection.metrics,
+        shutdown: connection.shutdown,
+        expires: connection.expires,
+        proxy,
+        latest: None,
+        config: None,
+        entry: None,
+        types: Default::default(),
+        synced: Default::default(),
+        dirty: Default::default(),
+        sent: 0,
+    }
+}
+
+impl AdsServer {
     fn connection(&self, id: u64, peer: String) -> (Connection, Responses) {
         let (outbound, responses) = crate::push::outbound::queue();
         let connection = Connection {

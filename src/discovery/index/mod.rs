@@ -15,7 +15,7 @@ use std::sync::Arc;
 use foldhash::{HashMap, HashMapExt, HashSet};
 
 use crate::discovery::model::Key;
-use crate::discovery::model::authorization::REVISION_LABEL;
+use crate::discovery::model::authorization::{AuthorizationPolicy, REVISION_LABEL};
 use crate::discovery::model::status::PolicyStatus;
 use crate::discovery::model::status::{DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::model::visibility::ServiceEntryVisibility;
@@ -66,6 +66,11 @@ pub struct Index {
     networks: Networks,
     members: PersistentMap<Name, NameSet>,
     by_node: PersistentMap<Name, NameSet>,
+    by_waypoint: PersistentMap<Name, NameSet>,
+    /// AuthorizationPolicies with `targetRef(s)` (waypoint policies), rebuilt from the store
+    /// when a policy changed since the last snapshot (`waypoint_policies_stale`).
+    waypoint_policies: Arc<[Arc<AuthorizationPolicy>]>,
+    waypoint_policies_stale: bool,
     /// Resource names each target produced last time, sorted (most targets produce one: a
     /// boxed slice, where a `BTreeSet` would allocate a node of eleven). Pods have no entry
     /// here nor in `owners`: a pod's only resource is named from its key.
@@ -101,6 +106,9 @@ impl Index {
             networks: Networks::default(),
             members: PersistentMap::default(),
             by_node: PersistentMap::default(),
+            by_waypoint: PersistentMap::default(),
+            waypoint_policies: Arc::new([]),
+            waypoint_policies_stale: false,
             produced: HashMap::new(),
             owners: HashMap::new(),
             policy_status: PersistentMap::default(),
@@ -163,6 +171,7 @@ impl Index {
             return Changes::default();
         }
         let reference = object.object_ref();
+        self.waypoint_policies_stale |= reference.kind == Kind::AuthorizationPolicy;
         let mut targets = BTreeSet::new();
         if let Some(old) = self.stored(&reference) {
             self.dependants(&old, &mut targets);
@@ -181,6 +190,7 @@ impl Index {
         let Some(old) = self.stored(reference) else {
             return Changes::default();
         };
+        self.waypoint_policies_stale |= reference.kind == Kind::AuthorizationPolicy;
         let mut targets = BTreeSet::new();
         self.dependants(&old, &mut targets);
         let network_before = self.store.network(&self.settings).to_string();
@@ -215,6 +225,19 @@ impl Index {
 
     /// Publishes what changed since the last call as a new immutable snapshot.
     pub fn snapshot(&mut self) -> Arc<Snapshot> {
+        if std::mem::take(&mut self.waypoint_policies_stale) {
+            let mut policies: Vec<(&Key, &AuthorizationPolicy)> = self
+                .store
+                .policies()
+                .iter()
+                .filter(|(_, p)| p.has_target_refs)
+                .collect();
+            policies.sort_by(|a, b| a.0.cmp(b.0));
+            self.waypoint_policies = policies
+                .into_iter()
+                .map(|(_, p)| Arc::new(p.clone()))
+                .collect();
+        }
         let changes = std::mem::take(&mut self.unpublished);
         self.generation += 1;
         if std::mem::take(&mut self.unpublished_overflow) {
@@ -245,6 +268,8 @@ impl Index {
             networks: self.networks.clone(),
             members: self.members.clone(),
             by_node: self.by_node.clone(),
+            by_waypoint: self.by_waypoint.clone(),
+            waypoint_policies: self.waypoint_policies.clone(),
             history: self.history.clone(),
             policy_status: self.policy_status.clone(),
             statuses: self.statuses.clone(),
@@ -530,6 +555,14 @@ impl Index {
             }
             if let Some(node) = &after.node {
                 add_name(&mut self.by_node, node, Name::clone, &key);
+            }
+        }
+        if before.waypoint != after.waypoint {
+            if let Some(waypoint) = &before.waypoint {
+                remove_name(&mut self.by_waypoint, waypoint, &key);
+            }
+            if let Some(waypoint) = &after.waypoint {
+                add_name(&mut self.by_waypoint, waypoint, Name::clone, &key);
             }
         }
         self.service_count =

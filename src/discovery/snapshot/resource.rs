@@ -8,7 +8,7 @@ use bytes::BufMut;
 use prost::Message;
 
 use crate::discovery::model::uid::{Uid, UidBuf};
-use crate::discovery::names::TypeKind;
+use crate::discovery::names::{ResourceType, TypeKind};
 use crate::discovery::snapshot::links::Links;
 use crate::discovery::snapshot::name::Name;
 use crate::pb::istio::workload::Address;
@@ -64,7 +64,7 @@ pub struct Resource {
     /// xxhash64 of the encoded `Any` value, sent as hex.
     pub version: Version,
     /// The resource type, which names the `Any`'s type URL.
-    pub(crate) kind: TypeKind,
+    pub(crate) kind: ResourceType,
     /// The encoded message: the `Any`'s value.
     value: Box<[u8]>,
     /// What the index looks an Address up by (empty for other types).
@@ -75,12 +75,24 @@ pub struct Resource {
 
 impl Resource {
     /// Encodes `message` as an `Any` of `kind`'s type URL and versions it by content.
-    pub(crate) fn encode<M: Message>(kind: TypeKind, name: impl Into<Name>, message: &M) -> Self {
-        let value = message.encode_to_vec().into_boxed_slice();
+    pub(crate) fn encode<M: Message>(
+        kind: impl Into<ResourceType>,
+        name: impl Into<Name>,
+        message: &M,
+    ) -> Self {
+        Resource::from_value(kind, name, message.encode_to_vec().into_boxed_slice())
+    }
+
+    /// A resource of an already encoded value, versioned by content.
+    pub(crate) fn from_value(
+        kind: impl Into<ResourceType>,
+        name: impl Into<Name>,
+        value: Box<[u8]>,
+    ) -> Self {
         Resource {
             name: name.into(),
             version: Version::of(&value),
-            kind,
+            kind: kind.into(),
             value,
             links: Links::default(),
             pod_uid: None,
@@ -144,6 +156,36 @@ impl Resource {
     /// Sets the pod uid (an empty one is none).
     pub(crate) fn set_pod_uid(&mut self, uid: Uid<'_>) {
         self.pod_uid = (!uid.is_empty()).then(|| UidBuf::from(uid));
+    }
+
+    /// The resource's type.
+    pub fn kind(&self) -> ResourceType {
+        self.kind
+    }
+
+    /// For a workload's Address: the same workload as an `istio.workload.Workload` resource
+    /// (what waypoints subscribe to), cut from the Address's bytes without decoding: an
+    /// Address holding a workload is field 1 around the Workload's encoding. Its version is
+    /// the Address's (a function of the same content).
+    pub(crate) fn workload(&self) -> Option<Resource> {
+        if self.kind != ResourceType::Address || self.is_service() {
+            return None;
+        }
+        let mut rest: &[u8] = &self.value;
+        let key = prost::encoding::decode_varint(&mut rest).ok()?;
+        if key != (1 << 3) | 2 {
+            return None;
+        }
+        let len = prost::encoding::decode_varint(&mut rest).ok()? as usize;
+        let inner = rest.get(..len)?;
+        Some(Resource {
+            name: self.name.clone(),
+            version: self.version,
+            kind: ResourceType::Workload,
+            value: inner.into(),
+            links: Links::default(),
+            pod_uid: None,
+        })
     }
 
     /// The `Any`'s type URL.

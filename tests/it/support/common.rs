@@ -97,6 +97,7 @@ pub fn ztunnel_node(node_name: &str) -> Node {
             .to_string(),
         cluster: String::new(),
         metadata: Some(Struct { fields }),
+        ..Default::default()
     }
 }
 

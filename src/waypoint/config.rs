@@ -1,0 +1,386 @@
+//! One waypoint's whole config ([`WaypointConfig`]): its listeners, clusters and endpoints as
+//! encoded resources, built from a snapshot, and brought up to date with the next one doing
+//! only the work its changes need.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use crate::discovery::model::AuthorizationPolicy;
+use crate::discovery::names::ResourceType;
+use crate::discovery::snapshot::Name;
+use crate::discovery::{Resource, Snapshot};
+use crate::pb::envoy::config::core::v3::CidrRange;
+use crate::pb::istio::workload::{AppProtocol, Service};
+use crate::waypoint::bound::{Bound, WaypointKey, members};
+use crate::waypoint::envoy::uint32;
+use crate::waypoint::listeners::{
+    self, Chain, ChainSpec, ListenerSettings, PortProtocol, ServiceMatch, rbac_kind,
+};
+use crate::waypoint::proxy::{Extensions, WaypointProxy};
+use crate::waypoint::rbac::{self, Attachment, Target};
+use crate::waypoint::{WaypointSettings, clusters, endpoints};
+
+/// What a config is built for: the waypoint's key, and what its proxy's flavour changes.
+/// Replicas of one waypoint have the same and share one config.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConfigId {
+    pub key: WaypointKey,
+    /// Filter-state factory (by the proxy's version and extensions).
+    pub string_factory: &'static str,
+    pub peer_metadata: bool,
+    pub stats: bool,
+    pub metadata_exchange: bool,
+}
+
+impl ConfigId {
+    pub fn of(proxy: &WaypointProxy, snapshot: &Snapshot, domain: &str) -> Self {
+        ConfigId {
+            key: WaypointKey::of(proxy, snapshot, domain),
+            string_factory: proxy.string_factory(),
+            peer_metadata: proxy.extensions.peer_metadata,
+            stats: proxy.extensions.stats,
+            metadata_exchange: proxy.extensions.metadata_exchange,
+        }
+    }
+
+    fn extensions(&self) -> Extensions {
+        Extensions {
+            peer_metadata: self.peer_metadata,
+            stats: self.stats,
+            metadata_exchange: self.metadata_exchange,
+            hashable_string: self.string_factory == "istio.hashable_string",
+        }
+    }
+}
+
+/// A waypoint's resources of one snapshot, by type and name.
+#[derive(Clone, Debug, Default)]
+pub struct WaypointConfig {
+    /// The snapshot generation it reflects.
+    pub generation: u64,
+    pub listeners: BTreeMap<Name, Arc<Resource>>,
+    pub clusters: BTreeMap<Name, Arc<Resource>>,
+    pub endpoints: BTreeMap<Name, Arc<Resource>>,
+    /// The services and workloads bound (names), for finding what a change touches.
+    bound: BTreeSet<String>,
+    /// Each EDS cluster's service, port and the members it was built from.
+    eds: BTreeMap<Name, EdsSource>,
+    /// The waypoint policies it was built with (the snapshot shares one slice until a
+    /// policy changes).
+    policies: Option<Arc<[Arc<AuthorizationPolicy>]>>,
+}
+
+/// What one EDS cluster was built from.
+#[derive(Clone, Debug)]
+struct EdsSource {
+    service: String,
+    port: u32,
+    target_port: u32,
+    members: BTreeSet<String>,
+}
+
+/// How much of a config a snapshot's changes need rebuilt.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Rebuild {
+    Nothing,
+    /// Only these EDS clusters.
+    Endpoints(BTreeSet<Name>),
+    Everything,
+}
+
+impl WaypointConfig {
+    /// The resources of one type.
+    pub fn of(&self, kind: ResourceType) -> Option<&BTreeMap<Name, Arc<Resource>>> {
+        match kind {
+            ResourceType::Listener => Some(&self.listeners),
+            ResourceType::Cluster => Some(&self.clusters),
+            ResourceType::ClusterLoadAssignment => Some(&self.endpoints),
+            _ => None,
+        }
+    }
+
+    /// The config of `id` in `snapshot`, from nothing.
+    pub fn build(id: &ConfigId, snapshot: &Snapshot, settings: &WaypointSettings) -> Self {
+        Builder {
+            id,
+            snapshot,
+            settings,
+        }
+        .build()
+    }
+
+    /// This config brought to `snapshot`: rebuilt as far as its changes since this one's
+    /// generation need, or whole when the history no longer tells them.
+    pub fn update(&self, id: &ConfigId, snapshot: &Snapshot, settings: &WaypointSettings) -> Self {
+        let builder = Builder {
+            id,
+            snapshot,
+            settings,
+        };
+        match self.rebuild_needed(id, snapshot) {
+            Rebuild::Nothing => WaypointConfig {
+                generation: snapshot.generation,
+                ..self.clone()
+            },
+            Rebuild::Endpoints(clusters) => {
+                let mut next = WaypointConfig {
+                    generation: snapshot.generation,
+                    ..self.clone()
+                };
+                for name in clusters {
+                    let Some(source) = self.eds.get(&name) else {
+                        continue;
+                    };
+                    let (resource, source) = builder.endpoints(&name, source.clone());
+                    next.endpoints.insert(name.clone(), resource);
+                    next.eds.insert(name, source);
+                }
+                next
+            }
+            Rebuild::Everything => builder.build(),
+        }
+    }
+
+    /// What `snapshot`'s changes since this config need rebuilt.
+    pub fn rebuild_needed(&self, id: &ConfigId, snapshot: &Snapshot) -> Rebuild {
+        if snapshot.generation == self.generation {
+            return Rebuild::Nothing;
+        }
+        let policies_same = self
+            .policies
+            .as_ref()
+            .is_some_and(|p| Arc::ptr_eq(p, &snapshot.waypoint_policies));
+        let Some(changed) =
+            snapshot.names_changed_since(crate::discovery::TypeKind::Address, self.generation)
+        else {
+            return Rebuild::Everything;
+        };
+        if !policies_same {
+            return Rebuild::Everything;
+        }
+        let changed: BTreeSet<&Name> = changed.collect();
+        if changed.is_empty() {
+            return Rebuild::Nothing;
+        }
+        if Bound::names_of(&id.key, snapshot) != self.bound {
+            return Rebuild::Everything;
+        }
+        let mut clusters = BTreeSet::new();
+        for name in changed {
+            // A bound service or workload itself. (A change of the waypoint's own Services
+            // changes its key, and so which config it is given.)
+            if self.bound.contains(name.as_str()) {
+                return Rebuild::Everything;
+            }
+            // A member of a bound service (now or before): that service's EDS clusters.
+            let now: Vec<&str> = snapshot
+                .addresses
+                .get(name)
+                .map(|r| r.links().services.iter().map(|s| s.as_str()).collect())
+                .unwrap_or_default();
+            for (cluster, source) in &self.eds {
+                if source.members.contains(name.as_str()) || now.contains(&source.service.as_str())
+                {
+                    clusters.insert(cluster.clone());
+                }
+            }
+        }
+        if clusters.is_empty() {
+            Rebuild::Nothing
+        } else {
+            Rebuild::Endpoints(clusters)
+        }
+    }
+}
+
+struct Builder<'a> {
+    id: &'a ConfigId,
+    snapshot: &'a Snapshot,
+    settings: &'a WaypointSettings,
+}
+
+/// A bound service's port: its number, target port and protocol.
+fn port_protocol(app: i32) -> PortProtocol {
+    match AppProtocol::try_from(app).unwrap_or(AppProtocol::Unknown) {
+        AppProtocol::Http11 => PortProtocol::Http,
+        AppProtocol::Http2 | AppProtocol::Grpc => PortProtocol::Http2,
+        AppProtocol::Tcp | AppProtocol::Tls => PortProtocol::Tcp,
+        AppProtocol::Unknown => PortProtocol::Auto,
+    }
+}
+
+/// Whether a service is a Kubernetes Service (`<name>.<ns>.svc.<domain>`), else a
+/// ServiceEntry host.
+fn is_kubernetes(service: &Service, domain: &str) -> bool {
+    service.hostname == format!("{}.{}.svc.{domain}", service.name, service.namespace)
+}
+
+fn host_range(ip: std::net::IpAddr) -> CidrRange {
+    CidrRange {
+        address_prefix: ip.to_string(),
+        prefix_len: uint32(if ip.is_ipv4() { 32 } else { 128 }),
+    }
+}
+
+impl Builder<'_> {
+    fn build(&self) -> WaypointConfig {
+        let snapshot = self.snapshot;
+        let key = &self.id.key;
+        let bound = Bound::of(key, snapshot);
+        let settings = ListenerSettings {
+            trust_domain: &self.settings.trust_domain,
+            string_factory: self.id.string_factory,
+            extensions: self.id.extensions(),
+        };
+        let attachment = Attachment {
+            namespace: &key.namespace,
+            gateway: &key.gateway,
+            root_namespace: &self.settings.root_namespace,
+        };
+        let policies = snapshot.waypoint_policies.clone();
+        let attached = |target: Target<'_>| -> Vec<&AuthorizationPolicy> {
+            policies
+                .iter()
+                .map(|p| &**p)
+                .filter(|p| attachment.attaches(p, target))
+                .collect()
+        };
+
+        let mut chains: Vec<Chain> = Vec::new();
+        let mut matches: Vec<ServiceMatch> = Vec::new();
+        let mut clusters = vec![clusters::main_internal(), clusters::encap()];
+        let mut endpoints = BTreeMap::new();
+        let mut eds = BTreeMap::new();
+        for (resource, service) in &bound.services {
+            let target = Target::Service {
+                namespace: &service.namespace,
+                name: &service.name,
+                kubernetes: is_kubernetes(service, &self.settings.domain),
+            };
+            let on_service = attached(target);
+            let rbac_http = rbac::chain_rbac(on_service.iter().copied(), rbac_kind(true));
+            let rbac_tcp = rbac::chain_rbac(on_service.iter().copied(), rbac_kind(false));
+            let mut ports = Vec::new();
+            for port in &service.ports {
+                let protocol = port_protocol(port.app_protocol);
+                let name = |kind: &str| {
+                    format!(
+                        "inbound-vip|{}|{kind}|{}",
+                        port.service_port, service.hostname
+                    )
+                };
+                let (http, tcp) = (name("http"), name("tcp"));
+                for (chain, is_http) in [(&http, true), (&tcp, false)] {
+                    if (is_http && !protocol.has_http()) || (!is_http && !protocol.has_tcp()) {
+                        continue;
+                    }
+                    let spec = ChainSpec {
+                        name: chain,
+                        hostname: &service.hostname,
+                        port: port.service_port,
+                        protocol,
+                        cluster: chain,
+                        rbac: if is_http {
+                            rbac_http.clone()
+                        } else {
+                            rbac_tcp.clone()
+                        },
+                    };
+                    chains.push(if is_http {
+                        listeners::http_chain(&spec, &settings)
+                    } else {
+                        listeners::tcp_chain(&spec, &settings)
+                    });
+                    clusters.push(clusters::inbound_vip(
+                        chain,
+                        &service.hostname,
+                        &service.name,
+                        &service.namespace,
+                        protocol,
+                        is_http,
+                    ));
+                    let source = EdsSource {
+                        service: resource.name.to_string(),
+                        port: port.service_port,
+                        target_port: port.target_port,
+                        members: BTreeSet::new(),
+                    };
+                    let (cla, source) = self.endpoints(chain, source);
+                    endpoints.insert(Name::from(chain.as_str()), cla);
+                    eds.insert(Name::from(chain.as_str()), source);
+                }
+                ports.push((port.service_port, protocol, http, tcp));
+            }
+            let vips = resource
+                .links()
+                .addresses
+                .iter()
+                .map(|(_, ip)| host_range(*ip))
+                .collect();
+            matches.push(ServiceMatch { vips, ports });
+        }
+        clusters.push(clusters::connect_originate(
+            &self.settings.trust_domain,
+            &key.namespace,
+        ));
+        let on_waypoint = attached(Target::Waypoint);
+        let direct = listeners::direct_chains(
+            &rbac::chain_rbac(on_waypoint.iter().copied(), rbac_kind(false)),
+            &rbac::chain_rbac(on_waypoint.iter().copied(), rbac_kind(true)),
+            &settings,
+        );
+        let workload_ips: Vec<CidrRange> = bound
+            .workloads
+            .iter()
+            .flat_map(|(resource, _)| resource.links().addresses.iter())
+            .map(|(_, ip)| host_range(*ip))
+            .collect();
+        let listeners = [
+            listeners::connect_terminate(&settings),
+            listeners::main_internal(chains, &matches, workload_ips, direct),
+            listeners::connect_originate(),
+        ];
+        WaypointConfig {
+            generation: snapshot.generation,
+            listeners: listeners
+                .iter()
+                .map(|l| {
+                    let name = Name::from(l.name.as_str());
+                    (
+                        name.clone(),
+                        Arc::new(Resource::encode(ResourceType::Listener, name, l)),
+                    )
+                })
+                .collect(),
+            clusters: clusters
+                .iter()
+                .map(|c| {
+                    let name = Name::from(c.name.as_str());
+                    (
+                        name.clone(),
+                        Arc::new(Resource::encode(ResourceType::Cluster, name, c)),
+                    )
+                })
+                .collect(),
+            endpoints,
+            bound: bound.names(),
+            eds,
+            policies: Some(policies),
+        }
+    }
+
+    /// One EDS cluster's load assignment, and what it was built from.
+    fn endpoints(&self, cluster: &str, mut source: EdsSource) -> (Arc<Resource>, EdsSource) {
+        let members = members(self.snapshot, &source.service);
+        source.members = members.iter().map(|(r, _)| r.name.to_string()).collect();
+        let cla = endpoints::load_assignment(
+            cluster,
+            &source.service,
+            source.port,
+            source.target_port,
+            members.iter().map(|(_, w)| w),
+        );
+        let resource = Resource::encode(ResourceType::ClusterLoadAssignment, cluster, &cla);
+        (Arc::new(resource), source)
+    }
+}
