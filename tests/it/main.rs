@@ -31,6 +31,7 @@ mod replicas;
 mod shutdown;
 mod status_app;
 mod status_writer;
+mod waypoint;
 mod waypoint_harness;
 mod xds;
 mod xds_flow;

@@ -188,20 +188,29 @@ pub async fn http_request<S: AsyncRead + AsyncWrite + Unpin>(
     path: &str,
     headers: &[(&str, &str)],
 ) -> HttpResponse {
+    tokio::time::timeout(WAIT, try_http_request(stream, method, host, path, headers))
+        .await
+        .unwrap_or_else(|_| panic!("{method} {path}: no response within {WAIT:?}"))
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+/// A request with extra headers, or why no whole response came (for tests that expect a
+/// refusal); no timeout of its own.
+pub async fn try_http_request<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    method: &str,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> std::io::Result<HttpResponse> {
     let mut head = format!("{method} {path} HTTP/1.1\r\nhost: {host}\r\n");
     for (name, value) in headers {
         head.push_str(&format!("{name}: {value}\r\n"));
     }
     head.push_str("\r\n");
-    let exchange = async {
-        stream.write_all(head.as_bytes()).await?;
-        stream.flush().await?;
-        read_response(stream).await
-    };
-    tokio::time::timeout(WAIT, exchange)
-        .await
-        .unwrap_or_else(|_| panic!("{method} {path}: no response within {WAIT:?}"))
-        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    stream.write_all(head.as_bytes()).await?;
+    stream.flush().await?;
+    read_response(stream).await
 }
 
 /// Reads one response. Reads byte by byte up to the body, so that nothing after the response
