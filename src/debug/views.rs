@@ -19,7 +19,7 @@ use crate::discovery::ResourceType;
 use crate::discovery::model::status::{StatusCondition, StatusKind, StatusTarget};
 use crate::discovery::names::TypeKind;
 use crate::discovery::{Resource, Snapshot};
-use crate::push::registry::{ClientView, ConnectionStatus};
+use crate::push::registry::{ClientView, ConnectionStatus, TypeStatus};
 
 /// `time` as istiod's JSON writes a Go `time.Time`: RFC 3339 in UTC with the fraction of a second
 /// trimmed of trailing zeros (`2026-11-30T10:20:15.123456789Z`); `null` for no time.
@@ -221,6 +221,25 @@ pub fn dump_types(types: Option<&str>) -> Result<Vec<TypeKind>, String> {
         .collect())
 }
 
+/// The resources of one type a waypoint holds, by name.
+fn waypoint_held(status: &TypeStatus) -> Vec<Arc<Resource>> {
+    let Some(ClientView::Waypoint { config, kind }) = &status.view else {
+        return Vec::new();
+    };
+    let Some(resources) = config.of(*kind) else {
+        return Vec::new();
+    };
+    if status.wildcard {
+        resources.values().cloned().collect()
+    } else {
+        status
+            .names
+            .iter()
+            .filter_map(|name| resources.get(name.as_str()).cloned())
+            .collect()
+    }
+}
+
 /// The types a waypoint's `config_dump` shows: clusters, listeners and endpoints unless `types`
 /// names some (`CDS`, `LDS`, `EDS`, or the type URLs), in push order.
 pub fn waypoint_dump_types(types: Option<&str>) -> Result<Vec<ResourceType>, String> {
@@ -279,12 +298,8 @@ pub async fn config_dump(
                 let configs: Vec<Value> = kinds
                     .into_iter()
                     .filter_map(|kind| connection.waypoint_types.get(&kind))
-                    .filter_map(|t| match &t.view {
-                        Some(ClientView::Resources(resources)) => Some(resources),
-                        _ => None,
-                    })
-                    .flat_map(|resources| resources.values())
-                    .map(|resource| render::envoy(resource))
+                    .flat_map(waypoint_held)
+                    .map(|resource| render::envoy(&resource))
                     .collect();
                 Json(json!({ "configs": configs })).into_response()
             }
@@ -329,11 +344,7 @@ pub(crate) fn held(
                 Some((name.clone(), resource))
             })
             .collect(),
-        Some(ClientView::Resources(resources)) => resources
-            .iter()
-            .map(|(name, r)| (name.clone(), r.clone()))
-            .collect(),
-        None => Vec::new(),
+        Some(ClientView::Waypoint { .. }) | None => Vec::new(),
     };
     entries.sort_by(|a, b| a.0.cmp(&b.0));
     entries

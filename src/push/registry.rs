@@ -18,8 +18,12 @@ pub enum ClientView {
     Snapshot(Arc<Snapshot>),
     /// An explicit (on-demand) client holds these names, at these versions.
     Held(BTreeMap<String, String>),
-    /// A waypoint holds these resources (shared with its config; no copy).
-    Resources(BTreeMap<String, Arc<crate::discovery::Resource>>),
+    /// A waypoint holds its config's resources of `kind` that it wants: all of them for a
+    /// wildcard type, else the [`TypeStatus::names`] it asked for.
+    Waypoint {
+        config: Arc<crate::waypoint::WaypointConfig>,
+        kind: ResourceType,
+    },
 }
 
 /// One type's sync state on one connection.

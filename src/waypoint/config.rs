@@ -62,9 +62,14 @@ pub struct WaypointConfig {
     pub clusters: BTreeMap<Name, Arc<Resource>>,
     pub endpoints: BTreeMap<Name, Arc<Resource>>,
     /// The services and workloads bound (names), for finding what a change touches.
-    bound: BTreeSet<String>,
-    /// Each EDS cluster's service, port and the members it was built from.
-    eds: BTreeMap<Name, EdsSource>,
+    bound: Arc<BTreeSet<String>>,
+    /// Each EDS cluster's service, port and the members it was built from (persistent maps:
+    /// an update copies only what it changes).
+    eds: imbl::OrdMap<Name, EdsSource>,
+    /// Bound service -> its EDS clusters.
+    service_clusters: imbl::HashMap<Name, Arc<[Name]>>,
+    /// Workload -> the bound services it is an endpoint of, as last built.
+    member_of: imbl::HashMap<Name, Arc<[Name]>>,
     /// The waypoint policies it was built with (the snapshot shares one slice until a
     /// policy changes).
     policies: Option<Arc<[Arc<AuthorizationPolicy>]>>,
@@ -73,10 +78,10 @@ pub struct WaypointConfig {
 /// What one EDS cluster was built from.
 #[derive(Clone, Debug)]
 struct EdsSource {
-    service: String,
+    service: Name,
     port: u32,
     target_port: u32,
-    members: BTreeSet<String>,
+    members: Arc<[Name]>,
 }
 
 /// How much of a config a snapshot's changes need rebuilt.
@@ -128,10 +133,11 @@ impl WaypointConfig {
                     ..self.clone()
                 };
                 for name in clusters {
-                    let Some(source) = self.eds.get(&name) else {
+                    let Some(before) = self.eds.get(&name) else {
                         continue;
                     };
-                    let (resource, source) = builder.endpoints(&name, source.clone());
+                    let (resource, source) = builder.endpoints(&name, before.clone());
+                    next.note_members(&source.service, &before.members, &source.members);
                     next.endpoints.insert(name.clone(), resource);
                     next.eds.insert(name, source);
                 }
@@ -162,7 +168,7 @@ impl WaypointConfig {
         if changed.is_empty() {
             return Rebuild::Nothing;
         }
-        if Bound::names_of(&id.key, snapshot) != self.bound {
+        if Bound::names_of(&id.key, snapshot) != *self.bound {
             return Rebuild::Everything;
         }
         let mut clusters = BTreeSet::new();
@@ -172,16 +178,16 @@ impl WaypointConfig {
             if self.bound.contains(name.as_str()) {
                 return Rebuild::Everything;
             }
-            // A member of a bound service (now or before): that service's EDS clusters.
-            let now: Vec<&str> = snapshot
+            // A member of a bound service, now or before: that service's EDS clusters.
+            let now = snapshot
                 .addresses
                 .get(name)
-                .map(|r| r.links().services.iter().map(|s| s.as_str()).collect())
+                .map(|r| r.links().services.to_vec())
                 .unwrap_or_default();
-            for (cluster, source) in &self.eds {
-                if source.members.contains(name.as_str()) || now.contains(&source.service.as_str())
-                {
-                    clusters.insert(cluster.clone());
+            let before = self.member_of.get(name).cloned().unwrap_or_default();
+            for service in now.iter().chain(before.iter()) {
+                if let Some(of_service) = self.service_clusters.get(service) {
+                    clusters.extend(of_service.iter().cloned());
                 }
             }
         }
@@ -189,6 +195,35 @@ impl WaypointConfig {
             Rebuild::Nothing
         } else {
             Rebuild::Endpoints(clusters)
+        }
+    }
+}
+
+impl WaypointConfig {
+    /// Records that `service`'s endpoints went from `before` to `after`.
+    fn note_members(&mut self, service: &Name, before: &[Name], after: &[Name]) {
+        for gone in before.iter().filter(|m| !after.contains(m)) {
+            let rest: Arc<[Name]> = self
+                .member_of
+                .get(gone)
+                .map(|s| s.iter().filter(|s| *s != service).cloned().collect())
+                .unwrap_or_default();
+            if rest.is_empty() {
+                self.member_of.remove(gone);
+            } else {
+                self.member_of.insert(gone.clone(), rest);
+            }
+        }
+        for new in after.iter().filter(|m| !before.contains(m)) {
+            let mut services: Vec<Name> = self
+                .member_of
+                .get(new)
+                .map(|s| s.to_vec())
+                .unwrap_or_default();
+            if !services.contains(service) {
+                services.push(service.clone());
+            }
+            self.member_of.insert(new.clone(), services.into());
         }
     }
 }
@@ -250,7 +285,8 @@ impl Builder<'_> {
         let mut matches: Vec<ServiceMatch> = Vec::new();
         let mut clusters = vec![clusters::main_internal(), clusters::encap()];
         let mut endpoints = BTreeMap::new();
-        let mut eds = BTreeMap::new();
+        let mut eds = imbl::OrdMap::new();
+        let mut service_clusters: BTreeMap<Name, Vec<Name>> = BTreeMap::new();
         for (resource, service) in &bound.services {
             let target = Target::Service {
                 namespace: &service.namespace,
@@ -300,14 +336,19 @@ impl Builder<'_> {
                         is_http,
                     ));
                     let source = EdsSource {
-                        service: resource.name.to_string(),
+                        service: resource.name.clone(),
                         port: port.service_port,
                         target_port: port.target_port,
-                        members: BTreeSet::new(),
+                        members: Arc::new([]),
                     };
                     let (cla, source) = self.endpoints(chain, source);
-                    endpoints.insert(Name::from(chain.as_str()), cla);
-                    eds.insert(Name::from(chain.as_str()), source);
+                    let cluster = Name::from(chain.as_str());
+                    endpoints.insert(cluster.clone(), cla);
+                    service_clusters
+                        .entry(resource.name.clone())
+                        .or_default()
+                        .push(cluster.clone());
+                    eds.insert(cluster, source);
                 }
                 ports.push((port.service_port, protocol, http, tcp));
             }
@@ -363,8 +404,13 @@ impl Builder<'_> {
                 })
                 .collect(),
             endpoints,
-            bound: bound.names(),
+            bound: Arc::new(bound.names()),
+            member_of: member_of(&eds),
             eds,
+            service_clusters: service_clusters
+                .into_iter()
+                .map(|(service, clusters)| (service, clusters.into()))
+                .collect(),
             policies: Some(policies),
         }
     }
@@ -372,7 +418,7 @@ impl Builder<'_> {
     /// One EDS cluster's load assignment, and what it was built from.
     fn endpoints(&self, cluster: &str, mut source: EdsSource) -> (Arc<Resource>, EdsSource) {
         let members = members(self.snapshot, &source.service);
-        source.members = members.iter().map(|(r, _)| r.name.to_string()).collect();
+        source.members = members.iter().map(|(r, _)| r.name.clone()).collect();
         let cla = endpoints::load_assignment(
             cluster,
             &source.service,
@@ -383,4 +429,18 @@ impl Builder<'_> {
         let resource = Resource::encode(ResourceType::ClusterLoadAssignment, cluster, &cla);
         (Arc::new(resource), source)
     }
+}
+
+/// Workload -> the services whose EDS clusters it is in.
+fn member_of(eds: &imbl::OrdMap<Name, EdsSource>) -> imbl::HashMap<Name, Arc<[Name]>> {
+    let mut of: BTreeMap<Name, Vec<Name>> = BTreeMap::new();
+    for source in eds.values() {
+        for member in source.members.iter() {
+            let services = of.entry(member.clone()).or_default();
+            if !services.contains(&source.service) {
+                services.push(source.service.clone());
+            }
+        }
+    }
+    of.into_iter().map(|(m, s)| (m, s.into())).collect()
 }

@@ -261,6 +261,7 @@ impl WaypointConnection {
                 "initial request"
             );
             self.types.insert(kind, state);
+            self.publish_status(kind, true);
             let delta = self.sync(kind, None);
             return self.send(kind, delta, None).await;
         };
@@ -303,14 +304,16 @@ impl WaypointConnection {
             &request.resource_names_subscribe,
             &request.resource_names_unsubscribe,
         );
+        let subscription = !request.resource_names_subscribe.is_empty()
+            || !request.resource_names_unsubscribe.is_empty();
         if added.is_empty() {
-            self.publish_status(kind);
+            self.publish_status(kind, subscription);
             return Ok(());
         }
         let only: BTreeSet<Name> = added.iter().map(|n| Name::from(n.as_str())).collect();
         let delta = self.sync_names(kind, &only);
+        self.publish_status(kind, true);
         if delta.is_empty() {
-            self.publish_status(kind);
             return Ok(());
         }
         self.send(kind, delta, None).await
@@ -360,7 +363,7 @@ impl WaypointConnection {
             state.last_nonce = nonce;
             state.in_flight.sent(self.sent);
         }
-        self.publish_status(kind);
+        self.publish_status(kind, false);
         let room = match slot {
             Some(slot) => slot,
             None => self.outbound.reserve().await.map_err(|_| End::Closed)?,
@@ -386,44 +389,37 @@ impl WaypointConnection {
         });
     }
 
-    /// Copies one type's sync state into the registry, for syncz and config_dump.
-    fn publish_status(&self, kind: ResourceType) {
+    /// Copies one type's sync state into the registry, for syncz and config_dump: cheap (no
+    /// copy of what the proxy holds), since it runs on every response and ACK. The names
+    /// asked for are copied only when `subscription` says they changed.
+    fn publish_status(&self, kind: ResourceType, subscription: bool) {
         let Some(state) = self.types.get(&kind) else {
             return;
         };
-        // Envoy's types: the resources themselves, for config_dump (shared, not copied). The
-        // Workload type: names and versions (every workload of the mesh).
-        let config = self.config.as_ref().and_then(|c| c.of(kind));
-        let view = match config {
-            Some(resources) => ClientView::Resources(
-                state
-                    .held
-                    .iter()
-                    .filter_map(|(name, version)| {
-                        let resource = resources.get(name.as_str())?;
-                        (resource.version == *version).then(|| (name.clone(), resource.clone()))
-                    })
-                    .collect(),
-            ),
-            None => ClientView::Held(
-                state
-                    .held
-                    .iter()
-                    .map(|(name, version)| (name.clone(), version.to_string()))
-                    .collect(),
-            ),
-        };
         let wildcard = state.wildcard;
-        let names: Vec<String> = state.names.iter().cloned().collect();
+        let names: Option<Vec<String>> =
+            subscription.then(|| state.names.iter().cloned().collect());
         let nonce = state.last_nonce.clone();
+        // Envoy's types: what the proxy holds is the config's resources it wants (sent, or on
+        // their way); the Workload type has no view (every workload of the mesh).
+        let view = self
+            .config
+            .as_ref()
+            .filter(|c| c.of(kind).is_some())
+            .map(|config| ClientView::Waypoint {
+                config: config.clone(),
+                kind,
+            });
         self.update_status(kind, |entry| {
             entry.wildcard = wildcard;
-            entry.names = names;
+            if let Some(names) = names {
+                entry.names = names;
+            }
             if entry.sent_nonce != nonce {
                 entry.sent_nonce = nonce;
                 entry.sent_at = Some(SystemTime::now());
             }
-            entry.view = Some(view);
+            entry.view = view;
         });
     }
 }
