@@ -26,6 +26,9 @@ pub enum Command {
     /// Mint a service-account token (projected-token shape) that `serve` trusts, for a local
     /// ztunnel's AUTH_TOKEN.
     Token(crate::ca::token::TokenArgs),
+    /// Serve a workload certificate and roots from the local CA over SDS, for a plain Envoy
+    /// run as a waypoint (pilot-agent's job in a cluster).
+    Sds(crate::ca::sds::SdsArgs),
 }
 
 #[derive(Clone, Debug, Args)]

@@ -15,8 +15,24 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // Every TLS user here is on ring; installing it keeps rustls from guessing.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let args = match cli.command {
         Command::Serve(args) => *args,
+        Command::Sds(args) => {
+            let result = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("starting the runtime: {e}"))
+                .and_then(|runtime| runtime.block_on(ambientd::ca::sds::run(args)));
+            return match result {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(message) => {
+                    eprintln!("error: {message}");
+                    std::process::ExitCode::FAILURE
+                }
+            };
+        }
         Command::Token(args) => {
             return match ambientd::ca::token::run(args) {
                 Ok(()) => std::process::ExitCode::SUCCESS,
@@ -27,8 +43,6 @@ fn main() -> std::process::ExitCode {
             };
         }
     };
-    // Every TLS user here is on ring; installing it keeps rustls from guessing.
-    let _ = rustls::crypto::ring::default_provider().install_default();
     // The filter sits behind a reload handle so `/logging?level=` can change it at runtime.
     let (filter, handle) = reload::Layer::new(EnvFilter::new(&args.log_level));
     tracing_subscriber::registry()

@@ -25,6 +25,7 @@ pub mod keys;
 pub mod pods;
 pub mod review;
 pub mod roots;
+pub mod sds;
 pub mod service;
 pub mod signer;
 pub mod tls;

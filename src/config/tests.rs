@@ -7,7 +7,7 @@ fn parse(args: &[&str]) -> Result<ServeArgs, String> {
     Cli::try_parse_from(argv)
         .map(|cli| match cli.command {
             Command::Serve(args) => *args,
-            Command::Token(_) => panic!("not serve"),
+            Command::Token(_) | Command::Sds(_) => panic!("not serve"),
         })
         .map_err(|e| e.to_string())
 }

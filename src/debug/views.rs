@@ -270,20 +270,15 @@ pub fn waypoint_dump_types(types: Option<&str>) -> Result<Vec<ResourceType>, Str
 
 /// `/debug/config_dump?proxyID=[&types=]`: what that proxy holds, as istiod's Envoy-admin-style
 /// `ConfigDump`: `{"configs": [Any...]}`, each resource as protojson writes an `Any` (see
-/// [`render::any`]), sorted by name within each type. 400 without proxyID or with an unknown
-/// type, 404 when no such proxy is connected here.
+/// [`render::any`]), sorted by name within each type. For a waypoint, its Envoy resources as
+/// [`render::envoy`] summarises them ([`waypoint_dump_types`]). 400 without proxyID or with an
+/// unknown type, 404 when no such proxy is connected here.
 pub async fn config_dump(
     State(state): State<DebugState>,
     Query(q): Query<ConfigDumpQuery>,
 ) -> Response {
     let Some(id) = q.proxy_id.filter(|id| !id.is_empty()) else {
         return (StatusCode::BAD_REQUEST, "proxyID is required\n").into_response();
-    };
-    let kinds = match dump_types(q.types.as_deref()) {
-        Ok(kinds) => kinds,
-        Err(error) => {
-            return (StatusCode::BAD_REQUEST, format!("types: {error}\n")).into_response();
-        }
     };
     let Some(connection) = state.registry.find(&id).into_iter().next() else {
         return (
@@ -306,6 +301,12 @@ pub async fn config_dump(
             Err(error) => (StatusCode::BAD_REQUEST, format!("types: {error}\n")).into_response(),
         };
     }
+    let kinds = match dump_types(q.types.as_deref()) {
+        Ok(kinds) => kinds,
+        Err(error) => {
+            return (StatusCode::BAD_REQUEST, format!("types: {error}\n")).into_response();
+        }
+    };
     let latest = state.snapshots.borrow().clone();
     let configs: Vec<Value> = kinds
         .into_iter()

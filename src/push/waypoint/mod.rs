@@ -115,6 +115,10 @@ impl WaypointConnection {
             s.connection_id = connection_id;
             s.proxy = Some(info);
         });
+        let version = crate::metrics::VersionLabel {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        };
+        self.metrics.xds_clients.get_or_create(&version).inc();
         let expiry = tokio::time::sleep(self.expires.unwrap_or(Duration::MAX));
         tokio::pin!(expiry);
         let mut end = Box::pin(self.on_request(first.0, first.1)).await.err();
@@ -155,6 +159,7 @@ impl WaypointConnection {
                 },
             };
         }
+        self.metrics.xds_clients.get_or_create(&version).dec();
         let proxy = self.proxy.id.clone();
         match end {
             Some(End::Closed) | None => info!(proxy, "waypoint disconnected"),
