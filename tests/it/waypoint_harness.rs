@@ -260,9 +260,9 @@ async fn envoy_terminates_mutual_tls_with_certificates_from_the_test_sds_server(
         WaypointNode::new("demo", "waypoint"),
     );
     params.extra_bootstrap_yaml = Some(smoke_listeners(port, wildcard_port, backend.address));
-    // ambientd does not answer Clusters yet, and Envoy asks SDS only after CDS has answered or
-    // timed out: a short timeout instead of Istio's none.
-    params.initial_fetch_timeout = Duration::from_millis(100);
+    // This mesh has no waypoint Gateway: ambientd answers with the empty waypoint config, which
+    // is what lets Envoy go on to SDS (it asks only after CDS has answered) with Istio's
+    // initial_fetch_timeout of none.
 
     let started = Instant::now();
     let envoy = Envoy::start(&binary, &params).await;
