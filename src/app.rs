@@ -237,6 +237,23 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     }
 
     if let Some((client, _, writes)) = &cluster
+        && let Some(proxy) = &writes.waypoints
+    {
+        let controller = crate::kube::waypoints::WaypointController {
+            client: client.clone(),
+            proxy: proxy.clone(),
+            backoff: writes.backoff,
+            max_backoff: writes.max_backoff,
+        };
+        let (snapshots, leadership, stop) =
+            (snapshots.clone(), leadership.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            controller.run(snapshots, leadership, stop).await;
+            Ok(())
+        });
+    }
+
+    if let Some((client, _, writes)) = &cluster
         && writes.status
     {
         let status_config = crate::kube::status_writer::StatusConfig {

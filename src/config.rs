@@ -306,6 +306,38 @@ pub struct ServeArgs {
     )]
     pub status_qps: u32,
 
+    /// Cluster mode: the leader deploys each waypoint (a Gateway of class istio-waypoint): its
+    /// ServiceAccount, Deployment and Service, and writes the Gateway's status, as istiod's
+    /// gateway controllers do. Turn off when istiod runs beside ambientd.
+    #[arg(
+        long,
+        env = "AMBIENTD_WAYPOINT_CONTROLLER",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_name = "BOOL"
+    )]
+    pub waypoint_controller: bool,
+
+    /// The waypoint proxy image (Istio's proxyv2: pilot-agent and Envoy).
+    #[arg(
+        long,
+        env = "AMBIENTD_WAYPOINT_IMAGE",
+        default_value = crate::kube::waypoints::DEFAULT_IMAGE,
+        value_parser = non_empty,
+        value_name = "IMAGE"
+    )]
+    pub waypoint_image: String,
+
+    /// Replicas of each waypoint Deployment; unset leaves the field out, as istiod does (1,
+    /// or whatever an autoscaler sets).
+    #[arg(long, env = "AMBIENTD_WAYPOINT_REPLICAS", value_name = "N")]
+    pub waypoint_replicas: Option<i32>,
+
+    /// The address waypoints dial for xDS and certificates: ambientd's Service on 15012.
+    /// Default: istiod.<system namespace>.svc:15012 (the chart names its Service istiod).
+    #[arg(long, env = "AMBIENTD_WAYPOINT_DISCOVERY_ADDRESS", value_name = "HOST:PORT")]
+    pub waypoint_discovery_address: Option<String>,
+
     #[command(flatten)]
     pub ca: crate::ca::CaArgs,
 }
@@ -540,7 +572,31 @@ impl TryFrom<ServeArgs> for Config {
             .unwrap_or_else(|| args.system_namespace.clone());
         let writes = match &source {
             Source::Manifests(_) => None,
-            Source::Cluster(_) => Some(cluster_writes(&args)?),
+            Source::Cluster(_) => {
+                let mut writes = cluster_writes(&args)?;
+                writes.waypoints = None;
+                if args.waypoint_controller {
+                    if args.waypoint_replicas.is_some_and(|r| r < 0) {
+                        return Err("--waypoint-replicas: must not be negative".into());
+                    }
+                    writes.waypoints = Some(crate::kube::waypoints::render::ProxySettings {
+                        image: args.waypoint_image.clone(),
+                        image_pull_policy: None,
+                        istiod_address: args.waypoint_discovery_address.clone().unwrap_or_else(
+                            || format!("istiod.{}.svc:15012", args.system_namespace),
+                        ),
+                        cluster_id: args.cluster_id.clone(),
+                        trust_domain: trust_domain.clone(),
+                        domain: args.domain.clone(),
+                        mesh_id: trust_domain.clone(),
+                        network: String::new(),
+                        revision: args.revision.clone(),
+                        replicas: args.waypoint_replicas,
+                        resources: None,
+                    });
+                }
+                Some(writes)
+            }
         };
         let ca = Some(args.ca.into_config()?);
         let mesh_config = args

@@ -23,6 +23,10 @@ pub struct ClusterWrites {
     /// The leader allocates addresses to addressless ServiceEntries from these ranges
     /// ([`ip_allocate`](crate::kube::ip_allocate)); `None`: it does not.
     pub ip_autoallocate: Option<crate::kube::ip_allocate::Prefixes>,
+    /// The leader deploys waypoints (ServiceAccount, Deployment, Service per waypoint Gateway)
+    /// with this proxy and writes their Gateways' status
+    /// ([`waypoints`](crate::kube::waypoints)); `None`: it does not (istiod does).
+    pub waypoints: Option<crate::kube::waypoints::render::ProxySettings>,
     /// Status API calls per second (reads and patches), the leader's budget for a mass change.
     pub status_qps: u32,
     /// First retry delay after a failed write, doubling up to `max_backoff`.
@@ -39,6 +43,7 @@ impl ClusterWrites {
             root_configmaps: true,
             status: true,
             ip_autoallocate: Some(crate::kube::ip_allocate::Prefixes::default()),
+            waypoints: Some(crate::kube::waypoints::default_proxy(namespace)),
             status_qps: 20,
             backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(60),

@@ -32,6 +32,7 @@ mod shutdown;
 mod status_app;
 mod status_writer;
 mod waypoint;
+mod waypoint_controller;
 mod waypoint_harness;
 mod waypoint_xds;
 mod xds;

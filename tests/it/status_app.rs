@@ -32,6 +32,9 @@ async fn replica(fake: &FakeApiServer, dir: &std::path::Path, write_status: bool
         ca_secrets: false,
         root_configmaps: false,
         status: write_status,
+        // This test is about status conditions; the waypoint controller has its own
+        // (waypoint_controller.rs).
+        waypoints: None,
         backoff: Duration::from_millis(50),
         max_backoff: Duration::from_millis(500),
         ..ClusterWrites::new("istio-system")

@@ -113,6 +113,9 @@ pub fn ambient_resources() -> Vec<Resource> {
             "gatewayclasses",
             false,
         ),
+        // What the waypoint controller applies.
+        r("v1", "ServiceAccount", "serviceaccounts", true),
+        r("apps/v1", "Deployment", "deployments", true),
     ]
 }
 
