@@ -22,6 +22,7 @@ pub mod root_configmap;
 pub mod security;
 pub mod status_writer;
 pub mod token_review;
+pub mod waypoints;
 pub mod writes;
 
 pub use manifests::{ManifestDir, ManifestError};
