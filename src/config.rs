@@ -335,7 +335,11 @@ pub struct ServeArgs {
 
     /// The address waypoints dial for xDS and certificates: ambientd's Service on 15012.
     /// Default: istiod.<system namespace>.svc:15012 (the chart names its Service istiod).
-    #[arg(long, env = "AMBIENTD_WAYPOINT_DISCOVERY_ADDRESS", value_name = "HOST:PORT")]
+    #[arg(
+        long,
+        env = "AMBIENTD_WAYPOINT_DISCOVERY_ADDRESS",
+        value_name = "HOST:PORT"
+    )]
     pub waypoint_discovery_address: Option<String>,
 
     #[command(flatten)]

@@ -1,7 +1,7 @@
 //! What ambientd writes to the cluster, and who writes it: the settings that `app` wires into
 //! [`leader`](crate::kube::leader), [`ca_secret`](crate::kube::ca_secret),
-//! [`root_configmap`](crate::kube::root_configmap), [`status`](crate::kube::status_writer) and
-//! [`ip_allocate`](crate::kube::ip_allocate).
+//! [`root_configmap`](crate::kube::root_configmap), [`status`](crate::kube::status_writer),
+//! [`ip_allocate`](crate::kube::ip_allocate) and [`waypoints`](crate::kube::waypoints).
 
 use std::time::Duration;
 

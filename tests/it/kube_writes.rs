@@ -256,6 +256,15 @@ async fn root_configmaps_everywhere_selected_restored_and_refreshed() {
                 call.namespace.as_deref() == Some(SYSTEM)
             }
             ("create", "", "secrets") => call.namespace.as_deref() == Some(SYSTEM),
+            // The waypoint controller: GatewayClass istio-waypoint and its status, and the
+            // applies and status of waypoint Gateways (none in this scenario).
+            ("create", "gateway.networking.k8s.io", "gatewayclasses") => true,
+            ("patch", "gateway.networking.k8s.io", "gatewayclasses" | "gateways") => {
+                call.subresource.as_deref() == Some("status")
+            }
+            ("patch", "", "serviceaccounts" | "services") | ("patch", "apps", "deployments") => {
+                call.subresource.is_none()
+            }
             _ => false,
         };
         assert!(allowed, "an API call outside the documented set: {call}");

@@ -78,44 +78,91 @@ async fn a_waypoint_gateway_is_deployed_gets_its_status_and_binds() {
     let b = replica(&fake, "b", &[]).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!b.running.leadership.is_leader());
-    assert_eq!(controller_writes(&fake), Vec::<String>::new(), "a replica that does not lead writes nothing");
+    assert_eq!(
+        controller_writes(&fake),
+        Vec::<String>::new(),
+        "a replica that does not lead writes nothing"
+    );
     // The other replica is gone: its Lease expires and this one leads.
     until("b leads", || b.running.leadership.is_leader()).await;
 
     // The class, then the three objects, owned by the Gateway.
-    until("GatewayClass istio-waypoint", || fake.get(GROUP, "GatewayClass", "", "istio-waypoint").is_some()).await;
-    let class = fake.get(GROUP, "GatewayClass", "", "istio-waypoint").unwrap();
+    until("GatewayClass istio-waypoint", || {
+        fake.get(GROUP, "GatewayClass", "", "istio-waypoint")
+            .is_some()
+    })
+    .await;
+    let class = fake
+        .get(GROUP, "GatewayClass", "", "istio-waypoint")
+        .unwrap();
     assert_eq!(class["spec"]["controllerName"], "istio.io/mesh-controller");
     until("the class Accepted", || {
         fake.get(GROUP, "GatewayClass", "", "istio-waypoint")
-            .is_some_and(|c| condition(&c["status"], "Accepted").is_some_and(|a| a["status"] == "True"))
+            .is_some_and(|c| {
+                condition(&c["status"], "Accepted").is_some_and(|a| a["status"] == "True")
+            })
     })
     .await;
-    let gateway_uid = fake.get(GROUP, "Gateway", "apps", "waypoint").unwrap()["metadata"]["uid"].clone();
+    let gateway_uid =
+        fake.get(GROUP, "Gateway", "apps", "waypoint").unwrap()["metadata"]["uid"].clone();
     until("the waypoint's objects", || {
-        fake.get("v1", "ServiceAccount", "apps", "waypoint").is_some()
-            && fake.get("apps/v1", "Deployment", "apps", "waypoint").is_some()
+        fake.get("v1", "ServiceAccount", "apps", "waypoint")
+            .is_some()
+            && fake
+                .get("apps/v1", "Deployment", "apps", "waypoint")
+                .is_some()
             && fake.get("v1", "Service", "apps", "waypoint").is_some()
     })
     .await;
-    for (api_version, kind) in [("v1", "ServiceAccount"), ("apps/v1", "Deployment"), ("v1", "Service")] {
+    for (api_version, kind) in [
+        ("v1", "ServiceAccount"),
+        ("apps/v1", "Deployment"),
+        ("v1", "Service"),
+    ] {
         let object = fake.get(api_version, kind, "apps", "waypoint").unwrap();
-        let owners = object["metadata"]["ownerReferences"].as_array().cloned().unwrap_or_default();
+        let owners = object["metadata"]["ownerReferences"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         assert!(
-            owners.iter().any(|o| o["kind"] == "Gateway" && o["name"] == "waypoint" && o["uid"] == gateway_uid),
+            owners.iter().any(|o| o["kind"] == "Gateway"
+                && o["name"] == "waypoint"
+                && o["uid"] == gateway_uid),
             "{kind} owned by the Gateway: {object}"
         );
-        assert_eq!(object["metadata"]["labels"]["gateway.istio.io/managed"], "istio.io-mesh-controller", "{kind}");
+        assert_eq!(
+            object["metadata"]["labels"]["gateway.istio.io/managed"], "istio.io-mesh-controller",
+            "{kind}"
+        );
     }
-    let deployment = fake.get("apps/v1", "Deployment", "apps", "waypoint").unwrap();
+    let deployment = fake
+        .get("apps/v1", "Deployment", "apps", "waypoint")
+        .unwrap();
     let container = &deployment["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(container["image"], "docker.io/istio/proxyv2:1.28.0");
-    assert!(container["args"].as_array().unwrap().iter().any(|a| a == "waypoint"), "{container}");
+    assert!(
+        container["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "waypoint"),
+        "{container}"
+    );
     let service = fake.get("v1", "Service", "apps", "waypoint").unwrap();
-    let ports: Vec<i64> = service["spec"]["ports"].as_array().unwrap().iter().filter_map(|p| p["port"].as_i64()).collect();
+    let ports: Vec<i64> = service["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["port"].as_i64())
+        .collect();
     assert_eq!(ports, [15021, 15008]);
-    assert!(fake.writes().iter().any(|r| r.path.ends_with("/deployments/waypoint")
-        && r.decoded_param("fieldManager").as_deref() == Some("istio.io/gateway-controller")));
+    assert!(
+        fake.writes()
+            .iter()
+            .any(|r| r.path.ends_with("/deployments/waypoint")
+                && r.decoded_param("fieldManager").as_deref()
+                    == Some("istio.io/gateway-controller"))
+    );
 
     // No ClusterIP, no pod yet: not programmed, and nothing binds.
     until("the Gateway's first status", || {
@@ -124,8 +171,16 @@ async fn a_waypoint_gateway_is_deployed_gets_its_status_and_binds() {
     })
     .await;
     let status = fake.get(GROUP, "Gateway", "apps", "waypoint").unwrap()["status"].clone();
-    assert_eq!(condition(&status, "Accepted").unwrap()["status"], "True", "{status}");
-    assert_eq!(condition(&status, "Programmed").unwrap()["status"], "False", "{status}");
+    assert_eq!(
+        condition(&status, "Accepted").unwrap()["status"],
+        "True",
+        "{status}"
+    );
+    assert_eq!(
+        condition(&status, "Programmed").unwrap()["status"],
+        "False",
+        "{status}"
+    );
 
     // The API server gives the Service its ClusterIP, and the waypoint's pod becomes ready.
     let mut service = fake.get("v1", "Service", "apps", "waypoint").unwrap();
@@ -141,14 +196,16 @@ async fn a_waypoint_gateway_is_deployed_gets_its_status_and_binds() {
                    "conditions": [{"type": "Ready", "status": "True"}]},
     }));
     until("the Gateway programmed with both addresses", || {
-        fake.get(GROUP, "Gateway", "apps", "waypoint").is_some_and(|g| {
-            let status = &g["status"];
-            condition(status, "Programmed").is_some_and(|p| p["status"] == "True")
-                && status["addresses"] == json!([
-                    {"type": "IPAddress", "value": "10.96.0.10"},
-                    {"type": "Hostname", "value": "waypoint.apps.svc.cluster.local"},
-                ])
-        })
+        fake.get(GROUP, "Gateway", "apps", "waypoint")
+            .is_some_and(|g| {
+                let status = &g["status"];
+                condition(status, "Programmed").is_some_and(|p| p["status"] == "True")
+                    && status["addresses"]
+                        == json!([
+                            {"type": "IPAddress", "value": "10.96.0.10"},
+                            {"type": "Hostname", "value": "waypoint.apps.svc.cluster.local"},
+                        ])
+            })
     })
     .await;
     let status = fake.get(GROUP, "Gateway", "apps", "waypoint").unwrap()["status"].clone();
@@ -181,10 +238,17 @@ async fn a_waypoint_gateway_is_deployed_gets_its_status_and_binds() {
         }
     })
     .await;
-    assert!(unbound.is_ok(), "reviews unbound after the Gateway's deletion");
+    assert!(
+        unbound.is_ok(),
+        "reviews unbound after the Gateway's deletion"
+    );
     let before = controller_writes(&fake).len();
     tokio::time::sleep(Duration::from_millis(800)).await;
-    assert_eq!(controller_writes(&fake).len(), before, "no applies for a deleted Gateway");
+    assert_eq!(
+        controller_writes(&fake).len(),
+        before,
+        "no applies for a deleted Gateway"
+    );
 }
 
 fn now_micro() -> String {

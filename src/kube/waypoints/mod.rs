@@ -169,14 +169,20 @@ fn stored(object: &DynamicObject) -> (String, Option<Stored>) {
         .flatten()
         .enumerate()
     {
-        let Some(port) = listener["port"].as_u64().and_then(|p| u16::try_from(p).ok()) else {
+        let Some(port) = listener["port"]
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok())
+        else {
             warn!(gateway = %key, listener = i, "waypoint controller skips a Gateway whose listener has no valid port");
             return (key, None);
         };
         listeners.push(ListenerInfo {
             name: listener["name"].as_str().unwrap_or_default().to_string(),
             port,
-            protocol: listener["protocol"].as_str().unwrap_or_default().to_string(),
+            protocol: listener["protocol"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
         });
     }
     let info = GatewayInfo {
@@ -306,8 +312,12 @@ impl WaypointController {
             }
         }
         // Gone Gateways: their objects go with them (owner references).
-        written.applied.retain(|key, _| listed.current.contains_key(key));
-        written.status.retain(|key, _| listed.current.contains_key(key));
+        written
+            .applied
+            .retain(|key, _| listed.current.contains_key(key));
+        written
+            .status
+            .retain(|key, _| listed.current.contains_key(key));
         retries.retain(|key, _| listed.current.contains_key(key));
         for (key, gateway) in &listed.current {
             if !leadership.is_leader() {
@@ -325,9 +335,9 @@ impl WaypointController {
                     retries.remove(key);
                 }
                 Err(e) => {
-                    let delay = retries.get(key).map_or(self.backoff, |r| {
-                        (r.delay * 2).min(self.max_backoff)
-                    });
+                    let delay = retries
+                        .get(key)
+                        .map_or(self.backoff, |r| (r.delay * 2).min(self.max_backoff));
                     warn!(gateway = %key, error = %e, retry_in = ?delay, "waypoint controller: write failed");
                     retries.insert(
                         key.clone(),
@@ -462,7 +472,12 @@ impl WaypointController {
 
 /// What the snapshot says of the waypoint's Service `<name>.<ns>.svc.<domain>`: whether it
 /// exists, its ClusterIPs, and whether a ready endpoint serves it.
-pub(crate) fn service_state(snapshot: &Snapshot, namespace: &str, name: &str, domain: &str) -> ServiceState {
+pub(crate) fn service_state(
+    snapshot: &Snapshot,
+    namespace: &str,
+    name: &str,
+    domain: &str,
+) -> ServiceState {
     let key = format!("{namespace}/{name}.{namespace}.svc.{domain}");
     let Some(service) = snapshot.addresses.get(key.as_str()) else {
         return ServiceState {
