@@ -242,6 +242,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         let controller = crate::kube::waypoints::WaypointController {
             client: client.clone(),
             proxy: proxy.clone(),
+            qps: writes.status_qps,
             backoff: writes.backoff,
             max_backoff: writes.max_backoff,
         };

@@ -333,6 +333,11 @@ pub struct ServeArgs {
     #[arg(long, env = "AMBIENTD_WAYPOINT_REPLICAS", value_name = "N")]
     pub waypoint_replicas: Option<i32>,
 
+    /// The waypoint container's resources as JSON (`{"requests": {...}, "limits": {...}}`);
+    /// unset: istiod's defaults (requests 100m CPU and 128Mi, limits 2 CPUs and 1Gi).
+    #[arg(long, env = "AMBIENTD_WAYPOINT_RESOURCES", value_parser = json_object, value_name = "JSON")]
+    pub waypoint_resources: Option<serde_json::Value>,
+
     /// The address waypoints dial for xDS and certificates: ambientd's Service on 15012.
     /// Default: istiod.<system namespace>.svc:15012 (the chart names its Service istiod).
     #[arg(
@@ -348,6 +353,14 @@ pub struct ServeArgs {
 
 fn label_selector(value: &str) -> Result<crate::kube::cluster::LabelSelector, String> {
     value.parse()
+}
+
+fn json_object(value: &str) -> Result<serde_json::Value, String> {
+    match serde_json::from_str::<serde_json::Value>(value) {
+        Ok(object @ serde_json::Value::Object(_)) => Ok(object),
+        Ok(_) => Err("must be a JSON object".into()),
+        Err(e) => Err(format!("not JSON: {e}")),
+    }
 }
 
 fn non_empty(value: &str) -> Result<String, String> {
@@ -596,7 +609,7 @@ impl TryFrom<ServeArgs> for Config {
                         network: String::new(),
                         revision: args.revision.clone(),
                         replicas: args.waypoint_replicas,
-                        resources: None,
+                        resources: args.waypoint_resources.clone(),
                     });
                 }
                 Some(writes)

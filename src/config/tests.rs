@@ -288,3 +288,56 @@ fn cluster_mode_elects_and_writes_by_default() {
     let error = Config::try_from(bad).unwrap_err();
     assert!(error.contains("--leader-renew-grace"), "{error}");
 }
+
+#[test]
+fn the_waypoint_controller_runs_in_cluster_mode_with_its_proxy_settings() {
+    let config = Config::try_from(parse(&["--kubeconfig", "/k"]).unwrap()).unwrap();
+    let proxy = config.writes.unwrap().waypoints.expect("on by default");
+    assert_eq!(proxy.image, "docker.io/istio/proxyv2:1.28.0");
+    assert_eq!(proxy.istiod_address, "istiod.istio-system.svc:15012");
+    assert_eq!((proxy.replicas, proxy.resources), (None, None));
+
+    let config = Config::try_from(
+        parse(&[
+            "--kubeconfig",
+            "/k",
+            "--system-namespace",
+            "mesh",
+            "--trust-domain",
+            "example.org",
+            "--waypoint-image",
+            "registry.example/proxyv2:1.29.3",
+            "--waypoint-replicas",
+            "2",
+            "--waypoint-resources",
+            r#"{"requests": {"cpu": "50m"}}"#,
+        ])
+        .unwrap(),
+    )
+    .unwrap();
+    let proxy = config.writes.unwrap().waypoints.unwrap();
+    assert_eq!(proxy.image, "registry.example/proxyv2:1.29.3");
+    assert_eq!(proxy.istiod_address, "istiod.mesh.svc:15012");
+    assert_eq!(proxy.trust_domain, "example.org");
+    assert_eq!(proxy.replicas, Some(2));
+    assert_eq!(
+        proxy.resources,
+        Some(serde_json::json!({"requests": {"cpu": "50m"}}))
+    );
+
+    let off =
+        Config::try_from(parse(&["--kubeconfig", "/k", "--waypoint-controller", "false"]).unwrap())
+            .unwrap();
+    assert!(off.writes.unwrap().waypoints.is_none());
+    let error = parse(&["--kubeconfig", "/k", "--waypoint-resources", "[1]"]).unwrap_err();
+    assert!(
+        error.contains("--waypoint-resources") && error.contains("JSON object"),
+        "{error}"
+    );
+    let negative = parse(&["--kubeconfig", "/k", "--waypoint-replicas=-1"]).unwrap();
+    assert!(
+        Config::try_from(negative)
+            .unwrap_err()
+            .contains("--waypoint-replicas")
+    );
+}

@@ -525,7 +525,9 @@ impl Queue {
 }
 
 /// A token bucket: `burst` calls at once, then `qps` per second.
-struct RateLimiter {
+/// A token bucket: `qps` calls a second, `burst` at once after a quiet period. Shared in
+/// shape (not in budget) with the waypoint controller.
+pub(crate) struct RateLimiter {
     interval: Duration,
     burst: f64,
     tokens: f64,
@@ -533,7 +535,7 @@ struct RateLimiter {
 }
 
 impl RateLimiter {
-    fn new(qps: f64, burst: u32) -> Self {
+    pub(crate) fn new(qps: f64, burst: u32) -> Self {
         let qps = if qps.is_finite() && qps > 0.0 {
             qps
         } else {
@@ -548,7 +550,7 @@ impl RateLimiter {
         }
     }
 
-    async fn acquire(&mut self) {
+    pub(crate) async fn acquire(&mut self) {
         loop {
             let now = Instant::now();
             let refill = now.duration_since(self.last).as_secs_f64() / self.interval.as_secs_f64();

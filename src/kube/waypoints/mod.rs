@@ -20,6 +20,8 @@
 //!   published snapshot. So once the waypoint's pod is ready the status gets its addresses,
 //!   the index binds the Services that use the waypoint, and ztunnels and the waypoint are
 //!   told, with no other step.
+//! * **Calls are rate-limited** (a token bucket of `--status-qps`, as the status writer's, with
+//!   a budget of its own), so a mass change drains at a steady pace.
 //! * **Failures** are logged and retried per Gateway with exponential backoff; a Gateway
 //!   deleted meanwhile is dropped. Nothing here stops the process.
 //!
@@ -48,6 +50,7 @@ use crate::discovery::Snapshot;
 use crate::kube::cluster::{Recorded, Retry as WatchRetry};
 use crate::kube::leader::Leadership;
 use crate::kube::listed::Listed;
+use crate::kube::status_writer::RateLimiter;
 use crate::pb::istio::workload::{Address, WorkloadStatus, address};
 use render::{GatewayInfo, ListenerInfo, ProxySettings};
 use status::ServiceState;
@@ -123,6 +126,8 @@ pub fn default_proxy(system_namespace: &str) -> ProxySettings {
 pub struct WaypointController {
     pub client: kube::Client,
     pub proxy: ProxySettings,
+    /// API calls per second (bursts of twice as many).
+    pub qps: u32,
     /// First retry delay after a failed write; doubles per failure up to `max_backoff`.
     pub backoff: Duration,
     pub max_backoff: Duration,
@@ -255,6 +260,7 @@ impl WaypointController {
         let mut listed: Listed<Stored> = Listed::with_backoff(progress);
         let mut written = Written::default();
         let mut retries: HashMap<String, Retry> = HashMap::new();
+        let mut limiter = RateLimiter::new(f64::from(self.qps), self.qps.saturating_mul(2));
         loop {
             let next = retries
                 .values()
@@ -289,8 +295,15 @@ impl WaypointController {
                 written.status.clear();
                 written.resync_at = None;
             }
-            self.converge(&listed, &snapshot, &leadership, &mut written, &mut retries)
-                .await;
+            self.converge(
+                &listed,
+                &snapshot,
+                &leadership,
+                &mut written,
+                &mut retries,
+                &mut limiter,
+            )
+            .await;
         }
     }
 
@@ -302,11 +315,12 @@ impl WaypointController {
         leadership: &Leadership,
         written: &mut Written,
         retries: &mut HashMap<String, Retry>,
+        limiter: &mut RateLimiter,
     ) {
         let now = Instant::now();
         written.resync_at.get_or_insert(now + RESYNC);
         if !written.class {
-            match self.ensure_class().await {
+            match self.ensure_class(limiter).await {
                 Ok(()) => written.class = true,
                 Err(e) => warn!(error = %e, "waypoint controller: GatewayClass istio-waypoint"),
             }
@@ -330,7 +344,10 @@ impl WaypointController {
             if retries.get(key).is_some_and(|r| r.at > now) {
                 continue;
             }
-            match self.reconcile(key, gateway, snapshot, written).await {
+            match self
+                .reconcile(key, gateway, snapshot, written, limiter)
+                .await
+            {
                 Ok(()) => {
                     retries.remove(key);
                 }
@@ -358,6 +375,7 @@ impl WaypointController {
         gateway: &Stored,
         snapshot: &Snapshot,
         written: &mut Written,
+        limiter: &mut RateLimiter,
     ) -> Result<(), kube::Error> {
         let info = &gateway.info;
         let rendered = render::render(info, &self.proxy);
@@ -369,6 +387,7 @@ impl WaypointController {
         let text = serde_json::to_string(&objects).unwrap_or_default();
         if written.applied.get(key) != Some(&text) {
             for object in objects {
+                limiter.acquire().await;
                 self.apply(&info.namespace, object).await?;
             }
             info!(gateway = %key, "waypoint objects applied");
@@ -398,6 +417,7 @@ impl WaypointController {
         }
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), &info.namespace, &gateways());
+        limiter.acquire().await;
         api.patch_status(
             &info.name,
             &PatchParams::default(),
@@ -427,13 +447,15 @@ impl WaypointController {
     }
 
     /// Creates GatewayClass `istio-waypoint` when missing, and marks it Accepted.
-    async fn ensure_class(&self) -> Result<(), kube::Error> {
+    async fn ensure_class(&self, limiter: &mut RateLimiter) -> Result<(), kube::Error> {
         let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &gateway_classes());
+        limiter.acquire().await;
         let class = match api.get_opt(WAYPOINT_CLASS).await? {
             Some(class) => class,
             None => {
                 let object: DynamicObject = serde_json::from_value(status::waypoint_class())
                     .map_err(kube::Error::SerdeError)?;
+                limiter.acquire().await;
                 match api.create(&PostParams::default(), &object).await {
                     Ok(created) => {
                         info!("created GatewayClass istio-waypoint");
@@ -460,6 +482,7 @@ impl WaypointController {
         if previous.map(without_times) == Some(without_times(&wanted)) {
             return Ok(());
         }
+        limiter.acquire().await;
         api.patch_status(
             WAYPOINT_CLASS,
             &PatchParams::default(),
