@@ -19,7 +19,7 @@ use crate::waypoint::listeners::{
 };
 use crate::waypoint::proxy::{Extensions, WaypointProxy};
 use crate::waypoint::rbac::{self, Attachment, Target};
-use crate::waypoint::traffic_policy::AppliedPolicy;
+use crate::waypoint::traffic_policy::{AppliedPolicy, ChainTraffic};
 use crate::waypoint::{WaypointSettings, clusters, endpoints};
 
 /// What a config is built for: the waypoint's key, and what its proxy's flavour changes.
@@ -311,6 +311,7 @@ impl Builder<'_> {
             let rbac_http = rbac::chain_rbac(on_service.iter().copied(), rbac_kind(true));
             let rbac_tcp = rbac::chain_rbac(on_service.iter().copied(), rbac_kind(false));
             let rule = rules.for_service(&key.namespace, &service.namespace, &service.hostname);
+            let traffic = ChainTraffic::of(rule.and_then(|r| r.traffic_policy.as_ref()));
             let mut ports = Vec::new();
             for port in &service.ports {
                 let policy =
@@ -344,6 +345,7 @@ impl Builder<'_> {
                         } else {
                             rbac_tcp.clone()
                         },
+                        traffic: &traffic,
                     };
                     chains.push(if is_http {
                         listeners::http_chain(&spec, &settings)

@@ -7,17 +7,22 @@
 //! Without a rule the cluster gets istiod's defaults: every circuit breaker at its maximum,
 //! a 10 s connect timeout, least request, plain bytes. Counts of zero mean "not set", as
 //! istiod reads them.
+//!
+//! A rule also reaches the service's chains ([`ChainTraffic`]): the HTTP default route hashes
+//! by the consistent-hash key, and the TCP proxy takes the idle timeout, the connection
+//! duration and a source-IP hash.
 
 use std::time::Duration;
 
 use crate::discovery::model::{
-    ClientTls, ConnectionPool, DestinationRule, H2UpgradePolicy, HashAlgorithm, LoadBalancer,
-    OutlierDetection, SimpleLb, TlsMode, TrafficPolicy, Warmup,
+    ClientTls, ConnectionPool, DestinationRule, H2UpgradePolicy, HashAlgorithm, HashKey,
+    LoadBalancer, OutlierDetection, SimpleLb, TlsMode, TrafficPolicy, Warmup,
 };
 use crate::pb::envoy::config::cluster::v3::{
     self as cluster, CircuitBreakers, Cluster, UpstreamConnectionOptions,
 };
 use crate::pb::envoy::config::core::v3::{self as core, RoutingPriority};
+use crate::pb::envoy::config::route::v3::route_action::{HashPolicy, hash_policy};
 use crate::pb::envoy::extensions::transport_sockets::tls::v3::{self as tls, UpstreamTlsContext};
 use crate::pb::envoy::extensions::upstreams::http::v3::{
     HttpProtocolOptions, http_protocol_options,
@@ -46,6 +51,74 @@ impl AppliedPolicy<'_> {
             self.rule.namespace, self.rule.name
         )
     }
+}
+
+/// What a rule's top-level policy changes in a bound service's chains (istiod reads the top
+/// level here, whatever the port; `buildSidecarInboundHTTPRouteConfig` for a waypoint and
+/// `buildWaypointNetworkFilters`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct ChainTraffic {
+    /// The HTTP default route's hash policy (a consistent hash needs one to hash by).
+    pub(crate) hash_policy: Option<HashPolicy>,
+    /// The TCP proxy's idle timeout and maximum connection duration (`connectionPool.tcp`).
+    pub(crate) tcp_idle_timeout: Option<crate::pb::google::protobuf::Duration>,
+    pub(crate) tcp_max_connection_duration: Option<crate::pb::google::protobuf::Duration>,
+    /// The TCP proxy hashes by source IP (`consistentHash.useSourceIp`).
+    pub(crate) tcp_source_ip_hash: bool,
+}
+
+impl ChainTraffic {
+    pub(crate) fn of(policy: Option<&TrafficPolicy>) -> Self {
+        let Some(policy) = policy else {
+            return ChainTraffic::default();
+        };
+        let key = policy
+            .load_balancer
+            .as_ref()
+            .and_then(|lb| lb.consistent_hash.as_ref())
+            .map(|hash| &hash.key);
+        let tcp = policy
+            .connection_pool
+            .as_ref()
+            .and_then(|pool| pool.tcp.as_ref());
+        ChainTraffic {
+            hash_policy: key.and_then(route_hash_policy),
+            tcp_idle_timeout: tcp.and_then(|t| t.idle_timeout).and_then(duration),
+            tcp_max_connection_duration: tcp
+                .and_then(|t| t.max_connection_duration)
+                .and_then(duration),
+            tcp_source_ip_hash: key == Some(&HashKey::SourceIp),
+        }
+    }
+}
+
+/// istiod's `ConsistentHashToHashPolicy`.
+fn route_hash_policy(key: &HashKey) -> Option<HashPolicy> {
+    let specifier =
+        match key {
+            HashKey::None => return None,
+            HashKey::Header(name) => hash_policy::PolicySpecifier::Header(hash_policy::Header {
+                header_name: name.clone(),
+            }),
+            HashKey::Cookie { name, path, ttl } => {
+                hash_policy::PolicySpecifier::Cookie(hash_policy::Cookie {
+                    name: name.clone(),
+                    ttl: ttl.and_then(duration),
+                    path: path.clone(),
+                })
+            }
+            HashKey::SourceIp => hash_policy::PolicySpecifier::ConnectionProperties(
+                hash_policy::ConnectionProperties { source_ip: true },
+            ),
+            HashKey::QueryParameter(name) => {
+                hash_policy::PolicySpecifier::QueryParameter(hash_policy::QueryParameter {
+                    name: name.clone(),
+                })
+            }
+        };
+    Some(HashPolicy {
+        policy_specifier: Some(specifier),
+    })
 }
 
 /// Applies `policy` (`None`: no rule applies) to `cluster`, whose upstream HTTP options are

@@ -3,7 +3,8 @@
 //! the CA from the agent's SDS, SAN checks, a client certificate for MUTUAL), switched on,
 //! changed and off while Envoy serves and without touching a listener; and every part of a
 //! traffic policy (connection pool, outlier detection, each load balancer, port-level
-//! settings, TLS variants) accepted by Envoy, as its config dump shows them.
+//! settings, TLS variants, and the route's hash and TCP proxy's timeouts it brings) accepted by
+//! Envoy, as its config dump shows them.
 //!
 //! The mesh is on loopback as in `waypoint.rs`: VIPs 127.0.30.x, pods 127.0.20.x. The HTTPS
 //! backends have certificates from a test CA; a test SDS server plays the waypoint's agent,
@@ -179,13 +180,14 @@ metadata: {name: tuned, namespace: demo}
 spec:
   host: tuned.demo.svc.cluster.local
   trafficPolicy:
-    loadBalancer: {simple: ROUND_ROBIN, warmup: {duration: 10s}}
+    loadBalancer: {consistentHash: {httpHeaderName: x-user}}
     connectionPool:
       tcp:
         maxConnections: 50
         connectTimeout: 2s
         tcpKeepalive: {probes: 3, time: 600s, interval: 30s}
         maxConnectionDuration: 1h
+        idleTimeout: 15m
       http:
         http1MaxPendingRequests: 7
         http2MaxRequests: 70
@@ -215,6 +217,7 @@ spec:
       loadBalancer: {simple: LEAST_REQUEST, warmupDurationSecs: 5s}
       tls: {mode: SIMPLE}
     - port: {number: 7005}
+      loadBalancer: {simple: ROUND_ROBIN, warmup: {duration: 10s}}
       tls: {mode: SIMPLE, insecureSkipVerify: true}
       connectionPool: {http: {h2UpgradePolicy: UPGRADE}}
     - port: {number: 7006}
@@ -510,6 +513,23 @@ fn cluster<'a>(dump: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no active cluster {name}"))
 }
 
+/// The filter `name` of `main_internal`'s chain `chain` from a config dump.
+fn chain_filter(dump: &Value, chain: &str, name: &str) -> Option<Value> {
+    envoy::sections(dump, "ListenersConfigDump")
+        .into_iter()
+        .flat_map(|s| s["dynamic_listeners"].as_array().into_iter().flatten())
+        .filter(|l| l["name"] == "main_internal")
+        .flat_map(|l| {
+            l["active_state"]["listener"]["filter_chains"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter(|c| c["name"] == chain)
+        .flat_map(|c| c["filters"].as_array().cloned().unwrap_or_default())
+        .find(|f| f["name"] == name)
+}
+
 fn tuned(port: u16, kind: &str) -> String {
     format!("inbound-vip|{port}|{kind}|tuned.demo.svc.cluster.local")
 }
@@ -679,6 +699,11 @@ async fn destination_rules_at_a_real_envoy_waypoint() {
         Result::is_err,
     )
     .await;
+    // TLS rules change clusters alone: no listener was sent again.
+    assert_eq!(
+        envoy.stat("listener_manager.lds.update_success").await,
+        lds_updates
+    );
 
     // Every part of a policy, accepted: active clusters, no NACK, as the dump shows them.
     manifests.write("tuned-rule.yaml", TUNED_RULE);
@@ -699,18 +724,36 @@ async fn destination_rules_at_a_real_envoy_waypoint() {
             .all(|name| active.contains(name))
                 && cluster(dump, &tuned(8080, "http"))["outlier_detection"].is_object()
                 && cluster(dump, &tuned(7006, "http"))["outlier_detection"].is_object()
+                && chain_filter(dump, &tuned(9000, "tcp"), "envoy.filters.network.tcp_proxy")
+                    .is_some_and(|f| f["typed_config"]["idle_timeout"] == "900s")
         })
         .await;
-    let http = cluster(&dump, &tuned(8080, "http"));
-    // ROUND_ROBIN is the enum's zero: the dump leaves it out.
-    assert!(
-        http.get("lb_policy").is_none_or(|p| p == "ROUND_ROBIN"),
-        "{http}"
-    );
+    // The top level reaches the chains: the HTTP route hashes by the header, the TCP proxy
+    // takes the idle timeout and the connection duration.
+    let manager = chain_filter(
+        &dump,
+        &tuned(8080, "http"),
+        "envoy.filters.network.http_connection_manager",
+    )
+    .expect("the HTTP chain's manager");
+    let route = &manager["typed_config"]["route_config"]["virtual_hosts"][0]["routes"][0];
     assert_eq!(
-        http["round_robin_lb_config"]["slow_start_config"]["slow_start_window"],
-        "10s"
+        route["route"]["hash_policy"][0]["header"]["header_name"],
+        "x-user"
     );
+    let proxy = chain_filter(
+        &dump,
+        &tuned(9000, "tcp"),
+        "envoy.filters.network.tcp_proxy",
+    )
+    .expect("the TCP chain's proxy");
+    assert_eq!(
+        proxy["typed_config"]["max_downstream_connection_duration"],
+        "3600s"
+    );
+    let http = cluster(&dump, &tuned(8080, "http"));
+    assert_eq!(http["lb_policy"], "RING_HASH");
+    assert_eq!(http["ring_hash_lb_config"]["minimum_ring_size"], "1024");
     assert_eq!(http["connect_timeout"], "2s");
     let thresholds = &http["circuit_breakers"]["thresholds"][0];
     assert_eq!(thresholds["max_connections"], 50);
@@ -783,6 +826,15 @@ async fn destination_rules_at_a_real_envoy_waypoint() {
         "file-root:system"
     );
     let upgraded = cluster(&dump, &tuned(7005, "http"));
+    // ROUND_ROBIN is the enum's zero: the dump leaves it out.
+    assert!(
+        upgraded.get("lb_policy").is_none_or(|p| p == "ROUND_ROBIN"),
+        "{upgraded}"
+    );
+    assert_eq!(
+        upgraded["round_robin_lb_config"]["slow_start_config"]["slow_start_window"],
+        "10s"
+    );
     assert!(http_options(upgraded)["explicit_http_config"]["http2_protocol_options"].is_object());
     let insecure = inner_tls(upgraded).expect("TLS on 7005");
     assert!(insecure["common_tls_context"]["validation_context"].is_object());
@@ -828,8 +880,4 @@ async fn destination_rules_at_a_real_envoy_waypoint() {
     );
     assert_eq!(metric(&mesh, "pilot_total_xds_rejects").await, 0.0);
     assert!(sds.nacks().is_empty(), "{:?}", sds.nacks());
-    assert_eq!(
-        envoy.stat("listener_manager.lds.update_success").await,
-        lds_updates
-    );
 }

@@ -132,6 +132,31 @@ fn a_rule_reaches_its_services_cluster_and_a_change_rebuilds_it() {
 }
 
 #[test]
+fn a_consistent_hash_reaches_the_default_route() {
+    let mut index = index(WORKED_EXAMPLE);
+    let (id, config) = config_of(&index.snapshot(), &proxy());
+    let hashed = RULE
+        .split("    portLevelSettings:")
+        .next()
+        .unwrap()
+        .replace(
+            "loadBalancer: {simple: ROUND_ROBIN}",
+            "loadBalancer: {consistentHash: {httpHeaderName: x-session}}",
+        );
+    for object in objects(&hashed) {
+        index.handle(Event::Apply(object));
+    }
+    let snapshot = index.snapshot();
+    let next = config.update(&id, &snapshot, &WaypointSettings::default());
+    assert_eq!(
+        cluster(&next, REVIEWS_HTTP).lb_policy,
+        LbPolicy::RingHash as i32
+    );
+    assert!(!mentions(&config.listeners["main_internal"], "x-session"));
+    assert!(mentions(&next.listeners["main_internal"], "x-session"));
+}
+
+#[test]
 fn a_rule_for_another_host_or_with_a_selector_changes_no_cluster() {
     let mut index = index(WORKED_EXAMPLE);
     let (_, config) = config_of(&index.snapshot(), &proxy());

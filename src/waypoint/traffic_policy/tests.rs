@@ -566,3 +566,73 @@ fn tls_origination_inside_internal_upstream() {
             .is_empty()
     );
 }
+
+#[test]
+fn the_top_level_policy_reaches_the_chains() {
+    assert_eq!(ChainTraffic::of(None), ChainTraffic::default());
+    let hashed = |key: HashKey| {
+        ChainTraffic::of(Some(&TrafficPolicy {
+            load_balancer: Some(LoadBalancer {
+                consistent_hash: Some(ConsistentHash {
+                    key,
+                    algorithm: HashAlgorithm::Maglev { table_size: 0 },
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }))
+    };
+    let specifier = |traffic: ChainTraffic| traffic.hash_policy.unwrap().policy_specifier.unwrap();
+    assert_eq!(
+        specifier(hashed(HashKey::Header("x-user".into()))),
+        hash_policy::PolicySpecifier::Header(hash_policy::Header {
+            header_name: "x-user".into()
+        })
+    );
+    assert_eq!(
+        specifier(hashed(HashKey::Cookie {
+            name: "session".into(),
+            path: "/".into(),
+            ttl: Some(Duration::from_secs(60)),
+        })),
+        hash_policy::PolicySpecifier::Cookie(hash_policy::Cookie {
+            name: "session".into(),
+            ttl: duration(Duration::from_secs(60)),
+            path: "/".into(),
+        })
+    );
+    assert_eq!(
+        specifier(hashed(HashKey::QueryParameter("user".into()))),
+        hash_policy::PolicySpecifier::QueryParameter(hash_policy::QueryParameter {
+            name: "user".into()
+        })
+    );
+    // The source IP: the route hashes by it, and so does the TCP proxy.
+    let source = hashed(HashKey::SourceIp);
+    assert!(source.tcp_source_ip_hash);
+    assert_eq!(
+        specifier(source),
+        hash_policy::PolicySpecifier::ConnectionProperties(hash_policy::ConnectionProperties {
+            source_ip: true
+        })
+    );
+    assert_eq!(hashed(HashKey::None).hash_policy, None);
+    // The TCP proxy's timeouts.
+    let tcp = ChainTraffic::of(Some(&TrafficPolicy {
+        connection_pool: Some(ConnectionPool {
+            tcp: Some(TcpSettings {
+                idle_timeout: Some(Duration::from_secs(900)),
+                max_connection_duration: Some(Duration::from_secs(3600)),
+                ..Default::default()
+            }),
+            http: None,
+        }),
+        ..Default::default()
+    }));
+    assert_eq!(tcp.tcp_idle_timeout, duration(Duration::from_secs(900)));
+    assert_eq!(
+        tcp.tcp_max_connection_duration,
+        duration(Duration::from_secs(3600))
+    );
+    assert!(!tcp.tcp_source_ip_hash && tcp.hash_policy.is_none());
+}
