@@ -6,6 +6,7 @@
 //! bytes.
 
 pub(crate) mod authorization;
+pub(crate) mod destination_rule;
 pub(crate) mod event;
 pub(crate) mod kinds;
 pub(crate) mod labels;
@@ -19,6 +20,11 @@ pub(crate) mod waypoint;
 
 pub use authorization::{
     AuthorizationPolicy, Condition, Operation, PolicyAction, PolicyRule, PolicyTargetRef, Source,
+};
+pub use destination_rule::{
+    ClientTls, ConnectionPool, ConsistentHash, DestinationRule, H2UpgradePolicy, HashAlgorithm,
+    HashKey, HttpSettings, LoadBalancer, OutlierDetection, PortTrafficPolicy, SimpleLb, Subset,
+    TcpKeepalive, TcpSettings, TlsMode, TrafficPolicy, Warmup,
 };
 pub use event::{Event, Kind, Object, ObjectRef};
 pub use kinds::*;

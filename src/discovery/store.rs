@@ -15,8 +15,8 @@ use crate::discovery::model::network_gateway::NetworkGateway;
 use crate::discovery::model::visibility::{ServiceEntryVisibility, Visibility};
 use crate::discovery::model::waypoint::{GATEWAY_NAME_LABEL, Waypoint};
 use crate::discovery::model::{
-    AuthorizationPolicy, EndpointSlice, Gateway, GatewayClass, Labels, Namespace, Node, Object,
-    ObjectRef, PeerAuthentication, Pod, Service, ServiceEntry, WorkloadEntry,
+    AuthorizationPolicy, DestinationRule, EndpointSlice, Gateway, GatewayClass, Labels, Namespace,
+    Node, Object, ObjectRef, PeerAuthentication, Pod, Service, ServiceEntry, WorkloadEntry,
 };
 use crate::discovery::names::service_hostname;
 use crate::discovery::settings::Settings;
@@ -61,6 +61,7 @@ pub(crate) struct Store {
     gateways: HashMap<Key, Gateway>,
     policies: HashMap<Key, AuthorizationPolicy>,
     peer_authentications: HashMap<Key, PeerAuthentication>,
+    destination_rules: HashMap<Key, DestinationRule>,
     /// Gateways that are ready waypoints (derived from Gateway + GatewayClass).
     waypoints: HashMap<Key, Waypoint>,
     members: HashMap<String, NamespaceMembers>,
@@ -133,6 +134,10 @@ impl Store {
 
     pub(crate) fn peer_authentications(&self) -> &HashMap<Key, PeerAuthentication> {
         &self.peer_authentications
+    }
+
+    pub(crate) fn destination_rules(&self) -> &HashMap<Key, DestinationRule> {
+        &self.destination_rules
     }
 
     pub(crate) fn waypoints(&self) -> &HashMap<Key, Waypoint> {
@@ -545,6 +550,9 @@ impl Store {
                     .insert(k.1.clone());
                 self.peer_authentications.insert(k, p);
             }
+            Object::DestinationRule(r) => {
+                self.destination_rules.insert(k, r);
+            }
             Object::EndpointSlice(slice) => {
                 self.member_mut(&k.0).slices.insert(k.1.clone());
                 if let Some(service) = &slice.service_name {
@@ -651,6 +659,10 @@ impl Store {
                 self.member_mut(&k.0).peer_authentications.remove(&k.1);
                 Some(Object::PeerAuthentication(p))
             }
+            Kind::DestinationRule => self
+                .destination_rules
+                .remove(&k)
+                .map(Object::DestinationRule),
             Kind::EndpointSlice => {
                 let slice = self.slices.remove(&k)?;
                 self.member_mut(&k.0).slices.remove(&k.1);
@@ -701,6 +713,7 @@ impl Store {
             Object::EndpointSlice(o) => self.slices.get(&k) == Some(o),
             Object::AuthorizationPolicy(o) => self.policies.get(&k) == Some(o),
             Object::PeerAuthentication(o) => self.peer_authentications.get(&k) == Some(o),
+            Object::DestinationRule(o) => self.destination_rules.get(&k) == Some(o),
         }
     }
 
@@ -719,6 +732,7 @@ impl Store {
             Kind::EndpointSlice => self.slices.len(),
             Kind::AuthorizationPolicy => self.policies.len(),
             Kind::PeerAuthentication => self.peer_authentications.len(),
+            Kind::DestinationRule => self.destination_rules.len(),
         }
     }
 
@@ -749,6 +763,7 @@ impl Store {
             Kind::EndpointSlice => keyed(kind, &self.slices),
             Kind::AuthorizationPolicy => keyed(kind, &self.policies),
             Kind::PeerAuthentication => keyed(kind, &self.peer_authentications),
+            Kind::DestinationRule => keyed(kind, &self.destination_rules),
         }
     }
 }

@@ -11,6 +11,7 @@
 
 pub mod ca_secret;
 pub mod cluster;
+mod destination_rule;
 pub mod ip_allocate;
 pub mod leader;
 mod listed;

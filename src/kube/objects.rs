@@ -17,7 +17,7 @@ use crate::discovery::model::{
     ContainerPort, IpFamily, Labels, Namespace, Node, Object, Owner, Pod, PodFields, Protocol,
     Service, ServicePort, TargetPort,
 };
-use crate::kube::{mesh, security};
+use crate::kube::{destination_rule, mesh, security};
 
 /// The pod annotations the conversion reads; others are dropped on decode to save memory.
 const POD_ANNOTATIONS: &[&str] = &["ambient.istio.io/redirection"];
@@ -93,6 +93,12 @@ pub fn decode(value: Value) -> Vec<Decoded> {
         ("gateway.networking.k8s.io/v1" | "gateway.networking.k8s.io/v1beta1", "GatewayClass") => {
             mesh::gateway_class(&value)
         }
+        (
+            "networking.istio.io/v1"
+            | "networking.istio.io/v1beta1"
+            | "networking.istio.io/v1alpha3",
+            "DestinationRule",
+        ) => destination_rule::decode(&value).map(Object::DestinationRule),
         ("security.istio.io/v1" | "security.istio.io/v1beta1", "AuthorizationPolicy") => {
             security::decode_authorization_policy(&value).map(Object::AuthorizationPolicy)
         }

@@ -334,6 +334,7 @@ fn waypoint_connection(
         synced: Default::default(),
         dirty: Default::default(),
         sent: 0,
+        eds_after_cds: Default::default(),
     }
 }
 

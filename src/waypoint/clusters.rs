@@ -1,6 +1,6 @@
 //! A waypoint's clusters (spec/waypoint.md §3): the fixed `main_internal`, `encap` and
 //! `connect_originate`, and one EDS cluster `inbound-vip|<port>|<http|tcp>|<host>` per bound
-//! service port and protocol.
+//! service port and protocol, with its DestinationRule's policy ([`traffic_policy`]).
 
 use std::collections::BTreeMap;
 
@@ -20,10 +20,11 @@ use crate::pb::envoy::r#type::metadata::v3::{
     MetadataKey, MetadataKind, metadata_key, metadata_kind,
 };
 use crate::pb::google::protobuf::Any;
-use crate::waypoint::envoy::{self, any, empty, seconds, uint32};
+use crate::waypoint::envoy::{self, any, seconds, uint32};
 use crate::waypoint::listeners::{
     CONNECT_ORIGINATE, ENCAP, HBONE_PORT, MAIN_INTERNAL, PortProtocol,
 };
+use crate::waypoint::traffic_policy::{self, AppliedPolicy, raw_buffer};
 
 /// The host metadata key that carries an HBONE endpoint's `ip:port` to `connect_originate`.
 pub(crate) const ORIGINAL_DST_METADATA: &str = "envoy.filters.listener.original_dst";
@@ -48,13 +49,6 @@ fn upstream_options(options: &HttpProtocolOptions) -> BTreeMap<String, Any> {
         any(envoy::UPSTREAM_HTTP_OPTIONS, options),
     )]
     .into()
-}
-
-fn raw_buffer() -> core::TransportSocket {
-    envoy::transport_socket(
-        "envoy.transport_sockets.raw_buffer",
-        empty(envoy::RAW_BUFFER),
-    )
 }
 
 /// A STATIC cluster whose one endpoint is the internal listener `listener` (§3.1).
@@ -102,6 +96,7 @@ fn internal_upstream_cluster(name: &str, listener: &str) -> Cluster {
                     },
                 ),
             ),
+            ..Default::default()
         }),
         ..Default::default()
     }
@@ -166,6 +161,7 @@ pub(crate) fn connect_originate(trust_domain: &str, namespace: &str) -> Cluster 
                     },
                 ),
             ),
+            ..Default::default()
         }),
         transport_socket: Some(envoy::transport_socket(
             "tls",
@@ -177,7 +173,8 @@ pub(crate) fn connect_originate(trust_domain: &str, namespace: &str) -> Cluster 
 
 /// A bound service port's cluster `inbound-vip|<port>|<http|tcp>|<host>` (§3.2): EDS, least
 /// request, through `internal_upstream` so that its endpoints may be HBONE (internal
-/// addresses, passed their `original_dst` metadata) or plain sockets.
+/// addresses, passed their `original_dst` metadata) or plain sockets. A DestinationRule's
+/// policy for the port (`applied`) is applied by [`traffic_policy`].
 pub(crate) fn inbound_vip(
     name: &str,
     hostname: &str,
@@ -185,6 +182,7 @@ pub(crate) fn inbound_vip(
     namespace: &str,
     protocol: PortProtocol,
     http: bool,
+    applied: Option<AppliedPolicy<'_>>,
 ) -> Cluster {
     let host = |name: &str| internal_upstream_transport::MetadataValueSource {
         kind: Some(MetadataKind {
@@ -192,7 +190,7 @@ pub(crate) fn inbound_vip(
         }),
         name: name.into(),
     };
-    let mut options = BTreeMap::new();
+    let mut options = None;
     if http {
         let upstream = match protocol {
             PortProtocol::Http2 => Some(
@@ -217,7 +215,7 @@ pub(crate) fn inbound_vip(
             PortProtocol::Http | PortProtocol::Tcp => None,
         };
         if let Some(upstream) = upstream {
-            options = upstream_options(&HttpProtocolOptions {
+            options = Some(HttpProtocolOptions {
                 upstream_protocol_options: Some(upstream),
                 ..Default::default()
             });
@@ -228,7 +226,11 @@ pub(crate) fn inbound_vip(
         ("name", envoy::string_value(service_name)),
         ("namespace", envoy::string_value(namespace)),
     ])]);
-    Cluster {
+    let mut istio = vec![("services", services)];
+    if let Some(applied) = &applied {
+        istio.push(("config", envoy::string_value(applied.config_path())));
+    }
+    let mut cluster = Cluster {
         name: name.into(),
         alt_stat_name: format!("{name};"),
         cluster_discovery_type: Some(cluster::cluster::ClusterDiscoveryType::Type(
@@ -238,29 +240,26 @@ pub(crate) fn inbound_vip(
             eds_config: Some(envoy::ads()),
             service_name: name.into(),
         }),
-        connect_timeout: seconds(10),
-        lb_policy: cluster::cluster::LbPolicy::LeastRequest as i32,
-        circuit_breakers: Some(circuit_breakers()),
         common_lb_config: Some(Default::default()),
         metadata: Some(core::Metadata {
-            filter_metadata: [(
-                "istio".to_string(),
-                envoy::object(vec![("services", services)]),
-            )]
-            .into(),
+            filter_metadata: [("istio".to_string(), envoy::object(istio))].into(),
             ..Default::default()
         }),
-        typed_extension_protocol_options: options,
-        transport_socket: Some(envoy::transport_socket(
-            "internal_upstream",
-            any(
-                envoy::INTERNAL_UPSTREAM,
-                &InternalUpstreamTransport {
-                    passthrough_metadata: vec![host(ORIGINAL_DST_METADATA), host("istio")],
-                    transport_socket: Some(raw_buffer()),
-                },
-            ),
-        )),
         ..Default::default()
-    }
+    };
+    let inner = traffic_policy::apply(&mut cluster, &mut options, applied.map(|a| a.policy));
+    cluster.typed_extension_protocol_options = options
+        .map(|o| upstream_options(&traffic_policy::finish_options(o)))
+        .unwrap_or_default();
+    cluster.transport_socket = Some(envoy::transport_socket(
+        "internal_upstream",
+        any(
+            envoy::INTERNAL_UPSTREAM,
+            &InternalUpstreamTransport {
+                passthrough_metadata: vec![host(ORIGINAL_DST_METADATA), host("istio")],
+                transport_socket: Some(inner),
+            },
+        ),
+    ));
+    cluster
 }

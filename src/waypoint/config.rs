@@ -5,19 +5,21 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use crate::discovery::model::AuthorizationPolicy;
+use crate::discovery::model::{AuthorizationPolicy, DestinationRule};
 use crate::discovery::names::ResourceType;
 use crate::discovery::snapshot::Name;
 use crate::discovery::{Resource, Snapshot};
 use crate::pb::envoy::config::core::v3::CidrRange;
 use crate::pb::istio::workload::{AppProtocol, Service};
 use crate::waypoint::bound::{Bound, WaypointKey, members};
+use crate::waypoint::destination_rule::{DestinationRules, port_policy};
 use crate::waypoint::envoy::uint32;
 use crate::waypoint::listeners::{
     self, Chain, ChainSpec, ListenerSettings, PortProtocol, ServiceMatch, rbac_kind,
 };
 use crate::waypoint::proxy::{Extensions, WaypointProxy};
 use crate::waypoint::rbac::{self, Attachment, Target};
+use crate::waypoint::traffic_policy::{AppliedPolicy, ChainTraffic};
 use crate::waypoint::{WaypointSettings, clusters, endpoints};
 
 /// What a config is built for: the waypoint's key, and what its proxy's flavour changes.
@@ -73,6 +75,8 @@ pub struct WaypointConfig {
     /// The waypoint policies it was built with (the snapshot shares one slice until a
     /// policy changes).
     policies: Option<Arc<[Arc<AuthorizationPolicy>]>>,
+    /// The DestinationRules it was built with (shared the same way).
+    destination_rules: Option<Arc<[Arc<DestinationRule>]>>,
 }
 
 /// What one EDS cluster was built from.
@@ -155,7 +159,11 @@ impl WaypointConfig {
         let policies_same = self
             .policies
             .as_ref()
-            .is_some_and(|p| Arc::ptr_eq(p, &snapshot.waypoint_policies));
+            .is_some_and(|p| Arc::ptr_eq(p, &snapshot.waypoint_policies))
+            && self
+                .destination_rules
+                .as_ref()
+                .is_some_and(|r| Arc::ptr_eq(r, &snapshot.destination_rules));
         let Some(changed) =
             snapshot.names_changed_since(crate::discovery::TypeKind::Address, self.generation)
         else {
@@ -273,6 +281,12 @@ impl Builder<'_> {
             root_namespace: &self.settings.root_namespace,
         };
         let policies = snapshot.waypoint_policies.clone();
+        let destination_rules = snapshot.destination_rules.clone();
+        let rules = DestinationRules::new(
+            &destination_rules,
+            &self.settings.root_namespace,
+            &self.settings.domain,
+        );
         let attached = |target: Target<'_>| -> Vec<&AuthorizationPolicy> {
             policies
                 .iter()
@@ -296,8 +310,18 @@ impl Builder<'_> {
             let on_service = attached(target);
             let rbac_http = rbac::chain_rbac(on_service.iter().copied(), rbac_kind(true));
             let rbac_tcp = rbac::chain_rbac(on_service.iter().copied(), rbac_kind(false));
+            let rule = rules.for_service(&key.namespace, &service.namespace, &service.hostname);
+            let traffic = ChainTraffic::of(rule.and_then(|r| r.traffic_policy.as_ref()));
             let mut ports = Vec::new();
             for port in &service.ports {
+                let policy =
+                    rule.and_then(|r| port_policy(r.traffic_policy.as_ref(), port.service_port));
+                let applied = rule
+                    .zip(policy.as_ref())
+                    .map(|(rule, policy)| AppliedPolicy {
+                        policy,
+                        rule: &rule.rule,
+                    });
                 let protocol = port_protocol(port.app_protocol);
                 let name = |kind: &str| {
                     format!(
@@ -321,6 +345,7 @@ impl Builder<'_> {
                         } else {
                             rbac_tcp.clone()
                         },
+                        traffic: &traffic,
                     };
                     chains.push(if is_http {
                         listeners::http_chain(&spec, &settings)
@@ -334,6 +359,7 @@ impl Builder<'_> {
                         &service.namespace,
                         protocol,
                         is_http,
+                        applied,
                     ));
                     let source = EdsSource {
                         service: resource.name.clone(),
@@ -412,6 +438,7 @@ impl Builder<'_> {
                 .map(|(service, clusters)| (service, clusters.into()))
                 .collect(),
             policies: Some(policies),
+            destination_rules: Some(destination_rules),
         }
     }
 

@@ -28,6 +28,7 @@ use crate::pb::xds::core::v3::{CidrRange as XdsCidrRange, TypedExtensionConfig};
 use crate::pb::xds::r#type::matcher::v3::{IpMatcher, Matcher, ip_matcher, matcher};
 use crate::waypoint::envoy::{self, any, empty, http_filter, network_filter, seconds, uint32};
 use crate::waypoint::rbac::{self, ChainKind};
+use crate::waypoint::traffic_policy::ChainTraffic;
 
 pub(crate) const CONNECT_TERMINATE: &str = "connect_terminate";
 pub(crate) const MAIN_INTERNAL: &str = "main_internal";
@@ -479,6 +480,8 @@ pub(crate) struct ChainSpec<'a> {
     pub(crate) protocol: PortProtocol,
     pub(crate) cluster: &'a str,
     pub(crate) rbac: Vec<crate::pb::envoy::config::rbac::v3::Rbac>,
+    /// What the service's DestinationRule changes in the chain.
+    pub(crate) traffic: &'a ChainTraffic,
 }
 
 /// A service's HTTP chain `inbound-vip|<port>|http|<host>` (§2.2): an HCM with the service's
@@ -548,7 +551,12 @@ pub(crate) fn http_chain(spec: &ChainSpec<'_>, s: &ListenerSettings<'_>) -> Chai
         virtual_hosts: vec![VirtualHost {
             name: format!("inbound|http|{}", spec.port),
             domains: vec!["*".into()],
-            routes: vec![default_route(spec.cluster, spec.hostname, spec.port)],
+            routes: vec![default_route(
+                spec.cluster,
+                spec.hostname,
+                spec.port,
+                spec.traffic,
+            )],
         }],
     };
     let manager = http_manager(
@@ -577,7 +585,7 @@ pub(crate) fn tcp_chain(spec: &ChainSpec<'_>, s: &ListenerSettings<'_>) -> Chain
         filters.push(metadata_exchange());
     }
     filters.extend(spec.rbac.iter().map(network_rbac));
-    filters.push(tcp_proxy(spec.name, spec.cluster));
+    filters.push(tcp_proxy(spec.name, spec.cluster, spec.traffic));
     Chain {
         chain: FilterChain {
             name: spec.name.into(),
@@ -630,7 +638,7 @@ pub(crate) fn direct_chains(
         tcp_filters.push(metadata_exchange());
     }
     tcp_filters.extend(rbac_tcp.iter().map(network_rbac));
-    tcp_filters.push(tcp_proxy(ENCAP, ENCAP));
+    tcp_filters.push(tcp_proxy(ENCAP, ENCAP, &ChainTraffic::default()));
     let mut http_filters: Vec<HttpFilter> = rbac_http
         .iter()
         .map(|rules| {
@@ -727,8 +735,9 @@ fn prefix_root() -> RouteMatch {
     }
 }
 
-/// istiod's default route for a service port without routes (§4.2).
-fn default_route(cluster: &str, hostname: &str, port: u32) -> Route {
+/// istiod's default route for a service port without routes (§4.2), hashing by the
+/// DestinationRule's consistent-hash key if it has one.
+fn default_route(cluster: &str, hostname: &str, port: u32, traffic: &ChainTraffic) -> Route {
     Route {
         name: "default".into(),
         r#match: Some(prefix_root()),
@@ -758,13 +767,17 @@ fn default_route(cluster: &str, hostname: &str, port: u32) -> Route {
                 host_selection_retry_max_attempts: 5,
                 ..Default::default()
             }),
+            hash_policy: traffic.hash_policy.clone().into_iter().collect(),
             ..Default::default()
         })),
         ..Default::default()
     }
 }
 
-fn tcp_proxy(stat_prefix: &str, cluster: &str) -> listener::Filter {
+/// A service's TCP proxy, with its DestinationRule's idle timeout, connection duration and
+/// source-IP hash.
+fn tcp_proxy(stat_prefix: &str, cluster: &str, traffic: &ChainTraffic) -> listener::Filter {
+    use crate::pb::envoy::r#type::v3::{HashPolicy, hash_policy};
     network_filter(
         "envoy.filters.network.tcp_proxy",
         any(
@@ -772,6 +785,17 @@ fn tcp_proxy(stat_prefix: &str, cluster: &str) -> listener::Filter {
             &TcpProxy {
                 stat_prefix: stat_prefix.into(),
                 cluster_specifier: Some(tcp::tcp_proxy::ClusterSpecifier::Cluster(cluster.into())),
+                idle_timeout: traffic.tcp_idle_timeout,
+                max_downstream_connection_duration: traffic.tcp_max_connection_duration,
+                hash_policy: if traffic.tcp_source_ip_hash {
+                    vec![HashPolicy {
+                        policy_specifier: Some(hash_policy::PolicySpecifier::SourceIp(
+                            hash_policy::SourceIp {},
+                        )),
+                    }]
+                } else {
+                    Vec::new()
+                },
                 ..Default::default()
             },
         ),

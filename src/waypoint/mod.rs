@@ -14,6 +14,8 @@
 //! | `bound` | its key, and the services and workloads bound to it |
 //! | `listeners` | `connect_terminate`, `main_internal` (matcher and chains), `connect_originate` |
 //! | `clusters` | `main_internal`, `encap`, `connect_originate`, `inbound-vip\|…` |
+//! | `destination_rule` | which DestinationRule applies to a bound service, and a port's policy |
+//! | `traffic_policy` | that policy on an `inbound-vip` cluster (LB, limits, outlier, TLS) |
 //! | `endpoints` | each `inbound-vip` cluster's ClusterLoadAssignment |
 //! | `rbac` | AuthorizationPolicies with `targetRefs` as Envoy RBAC |
 //! | `config` | the whole config, and its incremental update |
@@ -21,11 +23,13 @@
 mod bound;
 mod clusters;
 mod config;
+mod destination_rule;
 mod endpoints;
 mod envoy;
 mod listeners;
 mod proxy;
 mod rbac;
+mod traffic_policy;
 
 #[cfg(test)]
 mod tests;

@@ -448,3 +448,5 @@ fn a_plain_envoy_gets_none_of_istios_extensions() {
     let names: BTreeSet<&str> = istio.listeners.keys().map(|n| n.as_str()).collect();
     assert_eq!(names.len(), 3);
 }
+
+mod destination_rules;

@@ -33,6 +33,7 @@ mod status_app;
 mod status_writer;
 mod waypoint;
 mod waypoint_controller;
+mod waypoint_destination_rule;
 mod waypoint_harness;
 mod waypoint_xds;
 mod xds;

@@ -264,6 +264,8 @@ impl Index {
                     self.policy_selected(&policy.namespace, selector, targets);
                 }
             }
+            // Read only by waypoints, from the snapshot: no resource of the index depends on it.
+            Object::DestinationRule(_) => {}
             Object::PeerAuthentication(pa) => {
                 // Parents of other PAs' converted policies, the static policy, and references.
                 targets.insert(Target::StaticStrict);

@@ -16,6 +16,7 @@ use foldhash::{HashMap, HashMapExt, HashSet};
 
 use crate::discovery::model::Key;
 use crate::discovery::model::authorization::{AuthorizationPolicy, REVISION_LABEL};
+use crate::discovery::model::destination_rule::DestinationRule;
 use crate::discovery::model::status::PolicyStatus;
 use crate::discovery::model::status::{DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::model::visibility::ServiceEntryVisibility;
@@ -71,6 +72,11 @@ pub struct Index {
     /// when a policy changed since the last snapshot (`waypoint_policies_stale`).
     waypoint_policies: Arc<[Arc<AuthorizationPolicy>]>,
     waypoint_policies_stale: bool,
+    /// Every DestinationRule (of this revision), oldest first, rebuilt from the store when
+    /// one changed since the last snapshot (`destination_rules_stale`). Only waypoints read
+    /// them; they produce no ztunnel resource.
+    destination_rules: Arc<[Arc<DestinationRule>]>,
+    destination_rules_stale: bool,
     /// Resource names each target produced last time, sorted (most targets produce one: a
     /// boxed slice, where a `BTreeSet` would allocate a node of eleven). Pods have no entry
     /// here nor in `owners`: a pod's only resource is named from its key.
@@ -109,6 +115,8 @@ impl Index {
             by_waypoint: PersistentMap::default(),
             waypoint_policies: Arc::new([]),
             waypoint_policies_stale: false,
+            destination_rules: Arc::new([]),
+            destination_rules_stale: false,
             produced: HashMap::new(),
             owners: HashMap::new(),
             policy_status: PersistentMap::default(),
@@ -172,6 +180,7 @@ impl Index {
         }
         let reference = object.object_ref();
         self.waypoint_policies_stale |= reference.kind == Kind::AuthorizationPolicy;
+        self.destination_rules_stale |= reference.kind == Kind::DestinationRule;
         let mut targets = BTreeSet::new();
         if let Some(old) = self.stored(&reference) {
             self.dependants(&old, &mut targets);
@@ -191,6 +200,7 @@ impl Index {
             return Changes::default();
         };
         self.waypoint_policies_stale |= reference.kind == Kind::AuthorizationPolicy;
+        self.destination_rules_stale |= reference.kind == Kind::DestinationRule;
         let mut targets = BTreeSet::new();
         self.dependants(&old, &mut targets);
         let network_before = self.store.network(&self.settings).to_string();
@@ -238,6 +248,12 @@ impl Index {
                 .map(|(_, p)| Arc::new(p.clone()))
                 .collect();
         }
+        if std::mem::take(&mut self.destination_rules_stale) {
+            let mut rules: Vec<&DestinationRule> =
+                self.store.destination_rules().values().collect();
+            rules.sort_by(|a, b| a.age_order(b));
+            self.destination_rules = rules.into_iter().map(|r| Arc::new(r.clone())).collect();
+        }
         let changes = std::mem::take(&mut self.unpublished);
         self.generation += 1;
         if std::mem::take(&mut self.unpublished_overflow) {
@@ -270,6 +286,7 @@ impl Index {
             by_node: self.by_node.clone(),
             by_waypoint: self.by_waypoint.clone(),
             waypoint_policies: self.waypoint_policies.clone(),
+            destination_rules: self.destination_rules.clone(),
             history: self.history.clone(),
             policy_status: self.policy_status.clone(),
             statuses: self.statuses.clone(),
@@ -286,7 +303,12 @@ impl Index {
 
     /// Whether there are changes not yet published.
     pub(crate) fn has_unpublished(&self) -> bool {
-        self.unpublished_overflow || !self.unpublished.is_empty()
+        // Waypoint policies and DestinationRules may change no resource of the index, only
+        // what waypoints build.
+        self.unpublished_overflow
+            || !self.unpublished.is_empty()
+            || self.waypoint_policies_stale
+            || self.destination_rules_stale
     }
 
     /// A copy of the stored object a reference names.
@@ -325,6 +347,11 @@ impl Index {
                 .get(&k)
                 .cloned()
                 .map(Object::PeerAuthentication),
+            Kind::DestinationRule => s
+                .destination_rules()
+                .get(&k)
+                .cloned()
+                .map(Object::DestinationRule),
         }
     }
 
@@ -335,6 +362,7 @@ impl Index {
         let revision = match object {
             Object::AuthorizationPolicy(p) => p.revision.as_deref(),
             Object::PeerAuthentication(p) => p.revision.as_deref(),
+            Object::DestinationRule(r) => r.revision.as_deref(),
             Object::ServiceEntry(se) => se.labels.get(REVISION_LABEL),
             // Not `we.labels`: those merge in `spec.labels`, which istiod's filter never reads.
             Object::WorkloadEntry(we) => we.revision.as_deref(),

@@ -3,6 +3,7 @@
 use std::fmt;
 
 use crate::discovery::model::authorization::AuthorizationPolicy;
+use crate::discovery::model::destination_rule::DestinationRule;
 use crate::discovery::model::kinds::{
     EndpointSlice, Gateway, GatewayClass, Namespace, Node, Service, ServiceEntry, WorkloadEntry,
 };
@@ -24,11 +25,12 @@ pub enum Kind {
     Gateway,
     AuthorizationPolicy,
     PeerAuthentication,
+    DestinationRule,
 }
 
 impl Kind {
     /// Every kind, in the order a full load applies them (containers before contents).
-    pub const ALL: [Kind; 11] = [
+    pub const ALL: [Kind; 12] = [
         Kind::Namespace,
         Kind::Node,
         Kind::GatewayClass,
@@ -40,6 +42,7 @@ impl Kind {
         Kind::Pod,
         Kind::AuthorizationPolicy,
         Kind::PeerAuthentication,
+        Kind::DestinationRule,
     ];
 
     /// Whether objects of this kind live in a namespace.
@@ -96,6 +99,7 @@ pub enum Object {
     Gateway(Gateway),
     AuthorizationPolicy(AuthorizationPolicy),
     PeerAuthentication(PeerAuthentication),
+    DestinationRule(DestinationRule),
 }
 
 impl Object {
@@ -112,6 +116,7 @@ impl Object {
             Object::Gateway(_) => Kind::Gateway,
             Object::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
             Object::PeerAuthentication(_) => Kind::PeerAuthentication,
+            Object::DestinationRule(_) => Kind::DestinationRule,
         }
     }
 
@@ -128,6 +133,7 @@ impl Object {
             Object::Gateway(o) => (o.namespace.as_str(), &o.name),
             Object::AuthorizationPolicy(o) => (o.namespace.as_str(), &o.name),
             Object::PeerAuthentication(o) => (o.namespace.as_str(), &o.name),
+            Object::DestinationRule(o) => (o.namespace.as_str(), &o.name),
         };
         ObjectRef::new(self.kind(), namespace, name)
     }

@@ -6,6 +6,7 @@
 pub(crate) mod support;
 
 mod dependencies;
+mod destination_rules;
 mod index;
 mod index_changes;
 mod index_services;

@@ -18,9 +18,9 @@ use crate::discovery::model::peer_authentication::MtlsMode;
 use crate::discovery::model::status::PolicyStatus;
 use crate::discovery::model::status::{DesiredStatus, StatusTarget};
 use crate::discovery::model::{
-    AllowedNamespaces, AuthorizationPolicy, Endpoint, Gateway, Kind, Labels, Listener,
-    NamespaceSelector, ObjectRef, PeerAuthentication, PodFields, Resolution, Service, ServiceEntry,
-    SliceEndpoint,
+    AllowedNamespaces, AuthorizationPolicy, DestinationRule, Endpoint, Gateway, Kind, Labels,
+    Listener, LoadBalancer, NamespaceSelector, ObjectRef, PeerAuthentication, PodFields,
+    Resolution, Service, ServiceEntry, SimpleLb, SliceEndpoint, TrafficPolicy,
 };
 use crate::discovery::snapshot::NameSet;
 use crate::discovery::{Changes, Index, Object, Settings, Snapshot};
@@ -453,6 +453,37 @@ fn peer_authentication_object() -> impl Strategy<Value = Object> {
         })
 }
 
+fn destination_rule_object() -> impl Strategy<Value = Object> {
+    (
+        (select(&["a", "b", SYSTEM][..]), select(&["dr0", "dr1"][..])),
+        select(&HOSTS[..]),
+        option::of(select(
+            &["2020-01-01T00:00:00Z", "2021-01-01T00:00:00Z"][..],
+        )),
+        any::<bool>(),
+    )
+        .prop_map(|((ns, name), host, creation, random)| {
+            Object::DestinationRule(DestinationRule {
+                name: name.into(),
+                namespace: ns.into(),
+                host: host.into(),
+                creation: creation.map(str::to_string),
+                traffic_policy: Some(Box::new(TrafficPolicy {
+                    load_balancer: Some(LoadBalancer {
+                        simple: Some(if random {
+                            SimpleLb::Random
+                        } else {
+                            SimpleLb::RoundRobin
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            })
+        })
+}
+
 fn object() -> impl Strategy<Value = Object> {
     prop_oneof![
         2 => namespace_object(),
@@ -466,6 +497,7 @@ fn object() -> impl Strategy<Value = Object> {
         2 => gateway_class_object(),
         2 => authorization_policy_object(),
         2 => peer_authentication_object(),
+        1 => destination_rule_object(),
     ]
 }
 
@@ -562,6 +594,7 @@ struct Observed {
     by_node: BTreeMap<String, BTreeSet<String>>,
     policy_status: BTreeMap<String, PolicyStatus>,
     statuses: BTreeMap<StatusTarget, DesiredStatus>,
+    destination_rules: Vec<DestinationRule>,
 }
 
 fn observed(s: &Snapshot) -> Observed {
@@ -592,6 +625,7 @@ fn observed(s: &Snapshot) -> Observed {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
+        destination_rules: s.destination_rules.iter().map(|r| (**r).clone()).collect(),
     }
 }
 

@@ -8,6 +8,8 @@
 //! logged with the proxy and Envoy's message, counted in `pilot_total_xds_rejects`, shown in
 //! syncz, and the rejected version is not sent again. Subscription changes are applied even on
 //! a stale nonce: Envoy asks for new clusters' endpoints with the last nonce it has read.
+//! A cluster sent again (updated) is followed by its ClusterLoadAssignment, even unchanged:
+//! Envoy warms the new cluster only once it has one (istiod forces the same EDS push).
 
 pub mod configs;
 pub mod state;
@@ -77,6 +79,9 @@ pub(crate) struct WaypointConnection {
     pub(crate) synced: BTreeMap<ResourceType, u64>,
     pub(crate) dirty: BTreeSet<ResourceType>,
     pub(crate) sent: u64,
+    /// Clusters sent before the proxy's first EDS request: their assignments are sent then,
+    /// whatever versions the proxy says it holds.
+    pub(crate) eds_after_cds: BTreeSet<String>,
 }
 
 impl WaypointConnection {
@@ -257,7 +262,12 @@ impl WaypointConnection {
         let nonce = request.response_nonce.as_str();
         let Some(state) = self.types.get_mut(&kind) else {
             // The type's first request: always answered, even with nothing.
-            let state = WaypointTypeState::initial(&request.resource_names_subscribe, &known);
+            let mut state = WaypointTypeState::initial(&request.resource_names_subscribe, &known);
+            if kind == ResourceType::ClusterLoadAssignment {
+                for name in std::mem::take(&mut self.eds_after_cds) {
+                    state.resend(&name);
+                }
+            }
             debug!(
                 r#type = kind_name(kind),
                 wildcard = state.wildcard,
@@ -364,6 +374,9 @@ impl WaypointConnection {
         }
         .frame();
         let bytes: usize = delta.resources.iter().map(|r| r.value_len()).sum();
+        if kind == ResourceType::Cluster {
+            self.assignments_follow(&delta.resources);
+        }
         if let Some(state) = self.types.get_mut(&kind) {
             state.last_nonce = nonce;
             state.in_flight.sent(self.sent);
@@ -385,6 +398,25 @@ impl WaypointConnection {
             .get_or_create(&label)
             .observe(started.elapsed().as_secs_f64());
         Ok(())
+    }
+
+    /// Each sent cluster's assignment is sent after it (an EDS cluster's assignment has its
+    /// name), now or at the proxy's first EDS request.
+    fn assignments_follow(&mut self, clusters: &[Arc<Resource>]) {
+        match self.types.get_mut(&ResourceType::ClusterLoadAssignment) {
+            Some(eds) => {
+                let mut wanted = false;
+                for cluster in clusters {
+                    wanted |= eds.resend(&cluster.name);
+                }
+                if wanted {
+                    self.dirty.insert(ResourceType::ClusterLoadAssignment);
+                }
+            }
+            None => self
+                .eds_after_cds
+                .extend(clusters.iter().map(|c| c.name.to_string())),
+        }
     }
 
     fn update_status(&self, kind: ResourceType, f: impl FnOnce(&mut TypeStatus)) {

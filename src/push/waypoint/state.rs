@@ -88,6 +88,14 @@ impl WaypointTypeState {
         self.wildcard || self.names.contains(name)
     }
 
+    /// Forgets that the proxy holds `name`, so the next sync sends it again even unchanged;
+    /// returns whether the proxy wants it. Envoy warms an updated EDS cluster only once it
+    /// gets the cluster's assignment again (istiod sends EDS after CDS for the same reason).
+    pub fn resend(&mut self, name: &str) -> bool {
+        self.held.remove(name);
+        self.wants(name)
+    }
+
     /// What to send so the proxy holds `current` (every resource of the type), as far as it
     /// wants it; and records it as held. `only` limits the comparison to those names (the
     /// ones changed since the last step, when known).
@@ -234,6 +242,19 @@ mod tests {
         // A resource the proxy asked for that goes away is removed.
         let gone = state.sync(&set(&[]), None);
         assert_eq!(gone.removed, ["y"]);
+    }
+
+    #[test]
+    fn a_resent_name_is_sent_again_unchanged() {
+        let current = set(&[("x", "1"), ("y", "1")]);
+        let mut state = WaypointTypeState::initial(&["x".into()], &KnownVersions::default());
+        assert_eq!(names(&state.sync(&current, None)), ["x"]);
+        assert!(state.sync(&current, None).is_empty());
+        assert!(state.resend("x"));
+        assert_eq!(names(&state.sync(&current, None)), ["x"]);
+        // A name not asked for is not sent.
+        assert!(!state.resend("y"));
+        assert!(state.sync(&current, None).is_empty());
     }
 
     #[test]

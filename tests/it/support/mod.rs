@@ -12,6 +12,7 @@ pub mod common;
 pub mod envoy;
 #[allow(dead_code)] // The waypoint harness: waypoint_harness.rs proves it, not all of it.
 pub mod hbone;
+pub mod https;
 pub mod identity;
 pub mod kube;
 #[allow(dead_code)] // The waypoint harness: waypoint_harness.rs proves it, not all of it.

@@ -91,6 +91,12 @@ pub fn ambient_resources() -> Vec<Resource> {
             true,
         ),
         r(
+            "networking.istio.io/v1",
+            "DestinationRule",
+            "destinationrules",
+            true,
+        ),
+        r(
             "security.istio.io/v1",
             "AuthorizationPolicy",
             "authorizationpolicies",
