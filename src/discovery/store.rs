@@ -12,6 +12,7 @@ use foldhash::HashMap;
 
 use crate::discovery::model::authorization::PolicyTargetRef;
 use crate::discovery::model::network_gateway::NetworkGateway;
+use crate::discovery::model::request_authentication::{Jwks, RequestAuthentication};
 use crate::discovery::model::visibility::{ServiceEntryVisibility, Visibility};
 use crate::discovery::model::waypoint::{GATEWAY_NAME_LABEL, Waypoint};
 use crate::discovery::model::{
@@ -61,6 +62,9 @@ pub(crate) struct Store {
     gateways: HashMap<Key, Gateway>,
     policies: HashMap<Key, AuthorizationPolicy>,
     peer_authentications: HashMap<Key, PeerAuthentication>,
+    request_authentications: HashMap<Key, RequestAuthentication>,
+    /// Key sets fetched for RequestAuthentications, by [`Jwks::name`].
+    jwks: HashMap<String, Jwks>,
     /// Gateways that are ready waypoints (derived from Gateway + GatewayClass).
     waypoints: HashMap<Key, Waypoint>,
     members: HashMap<String, NamespaceMembers>,
@@ -133,6 +137,14 @@ impl Store {
 
     pub(crate) fn peer_authentications(&self) -> &HashMap<Key, PeerAuthentication> {
         &self.peer_authentications
+    }
+
+    pub(crate) fn request_authentications(&self) -> &HashMap<Key, RequestAuthentication> {
+        &self.request_authentications
+    }
+
+    pub(crate) fn jwks(&self) -> &HashMap<String, Jwks> {
+        &self.jwks
     }
 
     pub(crate) fn waypoints(&self) -> &HashMap<Key, Waypoint> {
@@ -545,6 +557,12 @@ impl Store {
                     .insert(k.1.clone());
                 self.peer_authentications.insert(k, p);
             }
+            Object::RequestAuthentication(ra) => {
+                self.request_authentications.insert(k, ra);
+            }
+            Object::Jwks(jwks) => {
+                self.jwks.insert(jwks.name.clone(), jwks);
+            }
             Object::EndpointSlice(slice) => {
                 self.member_mut(&k.0).slices.insert(k.1.clone());
                 if let Some(service) = &slice.service_name {
@@ -651,6 +669,11 @@ impl Store {
                 self.member_mut(&k.0).peer_authentications.remove(&k.1);
                 Some(Object::PeerAuthentication(p))
             }
+            Kind::RequestAuthentication => self
+                .request_authentications
+                .remove(&k)
+                .map(Object::RequestAuthentication),
+            Kind::Jwks => self.jwks.remove(&reference.name).map(Object::Jwks),
             Kind::EndpointSlice => {
                 let slice = self.slices.remove(&k)?;
                 self.member_mut(&k.0).slices.remove(&k.1);
@@ -701,6 +724,8 @@ impl Store {
             Object::EndpointSlice(o) => self.slices.get(&k) == Some(o),
             Object::AuthorizationPolicy(o) => self.policies.get(&k) == Some(o),
             Object::PeerAuthentication(o) => self.peer_authentications.get(&k) == Some(o),
+            Object::RequestAuthentication(o) => self.request_authentications.get(&k) == Some(o),
+            Object::Jwks(o) => self.jwks.get(&o.name) == Some(o),
         }
     }
 
@@ -719,6 +744,8 @@ impl Store {
             Kind::EndpointSlice => self.slices.len(),
             Kind::AuthorizationPolicy => self.policies.len(),
             Kind::PeerAuthentication => self.peer_authentications.len(),
+            Kind::RequestAuthentication => self.request_authentications.len(),
+            Kind::Jwks => self.jwks.len(),
         }
     }
 
@@ -749,6 +776,8 @@ impl Store {
             Kind::EndpointSlice => keyed(kind, &self.slices),
             Kind::AuthorizationPolicy => keyed(kind, &self.policies),
             Kind::PeerAuthentication => keyed(kind, &self.peer_authentications),
+            Kind::RequestAuthentication => keyed(kind, &self.request_authentications),
+            Kind::Jwks => named(kind, &self.jwks),
         }
     }
 }

@@ -16,6 +16,7 @@
 //! | `clusters` | `main_internal`, `encap`, `connect_originate`, `inbound-vip\|…` |
 //! | `endpoints` | each `inbound-vip` cluster's ClusterLoadAssignment |
 //! | `rbac` | AuthorizationPolicies with `targetRefs` as Envoy RBAC |
+//! | `key_set` | whether Envoy accepts a key set inline |
 //! | `config` | the whole config, and its incremental update |
 
 mod bound;
@@ -23,6 +24,7 @@ mod clusters;
 mod config;
 mod endpoints;
 mod envoy;
+mod key_set;
 mod listeners;
 mod proxy;
 mod rbac;
@@ -32,6 +34,7 @@ mod tests;
 
 pub use bound::{Bound, WaypointKey};
 pub use config::{ConfigId, Rebuild, WaypointConfig};
+pub use key_set::check_key_set;
 pub use proxy::{Extensions, GATEWAY_NAME_LABEL, WaypointProxy};
 
 /// The mesh settings a waypoint's config depends on.

@@ -16,6 +16,7 @@ use foldhash::{HashMap, HashMapExt, HashSet};
 
 use crate::discovery::model::Key;
 use crate::discovery::model::authorization::{AuthorizationPolicy, REVISION_LABEL};
+use crate::discovery::model::request_authentication::{Jwks, RequestAuthentication};
 use crate::discovery::model::status::PolicyStatus;
 use crate::discovery::model::status::{DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::model::visibility::ServiceEntryVisibility;
@@ -71,6 +72,11 @@ pub struct Index {
     /// when a policy changed since the last snapshot (`waypoint_policies_stale`).
     waypoint_policies: Arc<[Arc<AuthorizationPolicy>]>,
     waypoint_policies_stale: bool,
+    /// RequestAuthentications with `targetRef(s)` and the fetched key sets, kept the same
+    /// way (`waypoint_authentication_stale`).
+    waypoint_authentications: Arc<[Arc<RequestAuthentication>]>,
+    jwks: Arc<[Arc<Jwks>]>,
+    waypoint_authentication_stale: bool,
     /// Resource names each target produced last time, sorted (most targets produce one: a
     /// boxed slice, where a `BTreeSet` would allocate a node of eleven). Pods have no entry
     /// here nor in `owners`: a pod's only resource is named from its key.
@@ -109,6 +115,9 @@ impl Index {
             by_waypoint: PersistentMap::default(),
             waypoint_policies: Arc::new([]),
             waypoint_policies_stale: false,
+            waypoint_authentications: Arc::new([]),
+            jwks: Arc::new([]),
+            waypoint_authentication_stale: false,
             produced: HashMap::new(),
             owners: HashMap::new(),
             policy_status: PersistentMap::default(),
@@ -171,7 +180,7 @@ impl Index {
             return Changes::default();
         }
         let reference = object.object_ref();
-        self.waypoint_policies_stale |= reference.kind == Kind::AuthorizationPolicy;
+        self.note_waypoint_input(reference.kind);
         let mut targets = BTreeSet::new();
         if let Some(old) = self.stored(&reference) {
             self.dependants(&old, &mut targets);
@@ -190,7 +199,7 @@ impl Index {
         let Some(old) = self.stored(reference) else {
             return Changes::default();
         };
-        self.waypoint_policies_stale |= reference.kind == Kind::AuthorizationPolicy;
+        self.note_waypoint_input(reference.kind);
         let mut targets = BTreeSet::new();
         self.dependants(&old, &mut targets);
         let network_before = self.store.network(&self.settings).to_string();
@@ -233,10 +242,15 @@ impl Index {
                 .filter(|(_, p)| p.has_target_refs)
                 .collect();
             policies.sort_by(|a, b| a.0.cmp(b.0));
-            self.waypoint_policies = policies
-                .into_iter()
-                .map(|(_, p)| Arc::new(p.clone()))
-                .collect();
+            let policies: Vec<&AuthorizationPolicy> =
+                policies.into_iter().map(|(_, p)| p).collect();
+            if !same_items(&self.waypoint_policies, &policies) {
+                self.waypoint_policies =
+                    policies.into_iter().map(|p| Arc::new(p.clone())).collect();
+            }
+        }
+        if std::mem::take(&mut self.waypoint_authentication_stale) {
+            self.refresh_waypoint_authentication();
         }
         let changes = std::mem::take(&mut self.unpublished);
         self.generation += 1;
@@ -270,6 +284,8 @@ impl Index {
             by_node: self.by_node.clone(),
             by_waypoint: self.by_waypoint.clone(),
             waypoint_policies: self.waypoint_policies.clone(),
+            waypoint_authentications: self.waypoint_authentications.clone(),
+            jwks: self.jwks.clone(),
             history: self.history.clone(),
             policy_status: self.policy_status.clone(),
             statuses: self.statuses.clone(),
@@ -284,9 +300,53 @@ impl Index {
         self.service_count
     }
 
-    /// Whether there are changes not yet published.
+    /// Whether there are changes not yet published. A waypoint input (a policy, a
+    /// RequestAuthentication, a key set) counts even when no ztunnel resource or status
+    /// changed with it: waypoints read it from the next snapshot.
     pub(crate) fn has_unpublished(&self) -> bool {
-        self.unpublished_overflow || !self.unpublished.is_empty()
+        self.unpublished_overflow
+            || !self.unpublished.is_empty()
+            || self.waypoint_policies_stale
+            || self.waypoint_authentication_stale
+    }
+
+    /// Marks what waypoints read from the snapshot as stale when an object of `kind` changes.
+    fn note_waypoint_input(&mut self, kind: Kind) {
+        match kind {
+            Kind::AuthorizationPolicy => self.waypoint_policies_stale = true,
+            Kind::RequestAuthentication | Kind::Jwks => self.waypoint_authentication_stale = true,
+            _ => {}
+        }
+    }
+
+    /// Rebuilds the snapshot's RequestAuthentications with `targetRef(s)` (oldest first, as
+    /// istiod lists them) and key sets (by name), each shared again only if it changed.
+    fn refresh_waypoint_authentication(&mut self) {
+        let mut authentications: Vec<&RequestAuthentication> = self
+            .store
+            .request_authentications()
+            .values()
+            .filter(|ra| !ra.target_refs.is_empty())
+            .collect();
+        authentications.sort_by(|a, b| {
+            (a.creation.is_none(), &a.creation, &a.namespace, &a.name).cmp(&(
+                b.creation.is_none(),
+                &b.creation,
+                &b.namespace,
+                &b.name,
+            ))
+        });
+        if !same_items(&self.waypoint_authentications, &authentications) {
+            self.waypoint_authentications = authentications
+                .into_iter()
+                .map(|ra| Arc::new(ra.clone()))
+                .collect();
+        }
+        let mut jwks: Vec<&Jwks> = self.store.jwks().values().collect();
+        jwks.sort_by(|a, b| a.name.cmp(&b.name));
+        if !same_items(&self.jwks, &jwks) {
+            self.jwks = jwks.into_iter().map(|j| Arc::new(j.clone())).collect();
+        }
     }
 
     /// A copy of the stored object a reference names.
@@ -325,6 +385,12 @@ impl Index {
                 .get(&k)
                 .cloned()
                 .map(Object::PeerAuthentication),
+            Kind::RequestAuthentication => s
+                .request_authentications()
+                .get(&k)
+                .cloned()
+                .map(Object::RequestAuthentication),
+            Kind::Jwks => s.jwks().get(&r.name).cloned().map(Object::Jwks),
         }
     }
 
@@ -335,6 +401,7 @@ impl Index {
         let revision = match object {
             Object::AuthorizationPolicy(p) => p.revision.as_deref(),
             Object::PeerAuthentication(p) => p.revision.as_deref(),
+            Object::RequestAuthentication(ra) => ra.revision.as_deref(),
             Object::ServiceEntry(se) => se.labels.get(REVISION_LABEL),
             // Not `we.labels`: those merge in `spec.labels`, which istiod's filter never reads.
             Object::WorkloadEntry(we) => we.revision.as_deref(),
@@ -675,6 +742,12 @@ fn remove_name<K: Hash + Ord + Clone + Borrow<Q>, Q: Hash + Ord + ?Sized>(
 /// (about 5 B a resource at most), and never less than [`MIN_HISTORY_NAMES`].
 fn history_budget(resources: usize) -> usize {
     (resources / 8).max(MIN_HISTORY_NAMES)
+}
+
+/// Whether a shared slice holds exactly `items`, in order: a stale flag set by a change that
+/// was undone (or by a selector-only object) then keeps the slice, and waypoints see no change.
+fn same_items<T: PartialEq>(shared: &[Arc<T>], items: &[&T]) -> bool {
+    shared.len() == items.len() && shared.iter().zip(items).all(|(a, b)| **a == **b)
 }
 
 /// Whether a resource (or its absence) is unchanged, by its value.

@@ -8,6 +8,7 @@ use crate::discovery::model::kinds::{
 };
 use crate::discovery::model::peer_authentication::PeerAuthentication;
 use crate::discovery::model::pod::Pod;
+use crate::discovery::model::request_authentication::{Jwks, RequestAuthentication};
 use crate::discovery::model::visibility::ServiceEntryVisibility;
 
 /// The kinds of object the index understands.
@@ -24,11 +25,15 @@ pub enum Kind {
     Gateway,
     AuthorizationPolicy,
     PeerAuthentication,
+    RequestAuthentication,
+    /// A key set ambientd fetched for a RequestAuthentication's `jwksUri` (`kube::jwks`):
+    /// not listed by any source, so not in [`Kind::ALL`].
+    Jwks,
 }
 
 impl Kind {
     /// Every kind, in the order a full load applies them (containers before contents).
-    pub const ALL: [Kind; 11] = [
+    pub const ALL: [Kind; 12] = [
         Kind::Namespace,
         Kind::Node,
         Kind::GatewayClass,
@@ -40,11 +45,15 @@ impl Kind {
         Kind::Pod,
         Kind::AuthorizationPolicy,
         Kind::PeerAuthentication,
+        Kind::RequestAuthentication,
     ];
 
     /// Whether objects of this kind live in a namespace.
     pub(crate) fn namespaced(self) -> bool {
-        !matches!(self, Kind::Namespace | Kind::Node | Kind::GatewayClass)
+        !matches!(
+            self,
+            Kind::Namespace | Kind::Node | Kind::GatewayClass | Kind::Jwks
+        )
     }
 }
 
@@ -96,6 +105,8 @@ pub enum Object {
     Gateway(Gateway),
     AuthorizationPolicy(AuthorizationPolicy),
     PeerAuthentication(PeerAuthentication),
+    RequestAuthentication(RequestAuthentication),
+    Jwks(Jwks),
 }
 
 impl Object {
@@ -112,6 +123,8 @@ impl Object {
             Object::Gateway(_) => Kind::Gateway,
             Object::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
             Object::PeerAuthentication(_) => Kind::PeerAuthentication,
+            Object::RequestAuthentication(_) => Kind::RequestAuthentication,
+            Object::Jwks(_) => Kind::Jwks,
         }
     }
 
@@ -120,6 +133,7 @@ impl Object {
             Object::Namespace(n) => ("", &n.name),
             Object::Node(n) => ("", &n.name),
             Object::GatewayClass(c) => ("", &c.name),
+            Object::Jwks(j) => ("", &j.name),
             Object::Pod(o) => (o.namespace(), o.name()),
             Object::Service(o) => (o.namespace.as_str(), &o.name),
             Object::EndpointSlice(o) => (o.namespace.as_str(), &o.name),
@@ -128,6 +142,7 @@ impl Object {
             Object::Gateway(o) => (o.namespace.as_str(), &o.name),
             Object::AuthorizationPolicy(o) => (o.namespace.as_str(), &o.name),
             Object::PeerAuthentication(o) => (o.namespace.as_str(), &o.name),
+            Object::RequestAuthentication(o) => (o.namespace.as_str(), &o.name),
         };
         ObjectRef::new(self.kind(), namespace, name)
     }

@@ -110,6 +110,12 @@ pub fn watched_kinds() -> Vec<WatchedKind> {
             "PeerAuthentication",
             "peerauthentications",
         ),
+        crd(
+            Kind::RequestAuthentication,
+            "security.istio.io",
+            "RequestAuthentication",
+            "requestauthentications",
+        ),
     ];
     debug_assert!(all.iter().map(|w| w.kind).eq(Kind::ALL));
     all
