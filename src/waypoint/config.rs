@@ -5,20 +5,21 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use crate::discovery::model::AuthorizationPolicy;
+use crate::discovery::model::{AuthorizationPolicy, Jwks, RequestAuthentication};
 use crate::discovery::names::ResourceType;
 use crate::discovery::snapshot::Name;
 use crate::discovery::{Resource, Snapshot};
 use crate::pb::envoy::config::core::v3::CidrRange;
 use crate::pb::istio::workload::{AppProtocol, Service};
+use crate::waypoint::attach::{Attachment, Target};
 use crate::waypoint::bound::{Bound, WaypointKey, members};
 use crate::waypoint::envoy::uint32;
 use crate::waypoint::listeners::{
     self, Chain, ChainSpec, ListenerSettings, PortProtocol, ServiceMatch, rbac_kind,
 };
 use crate::waypoint::proxy::{Extensions, WaypointProxy};
-use crate::waypoint::rbac::{self, Attachment, Target};
 use crate::waypoint::{WaypointSettings, clusters, endpoints};
+use crate::waypoint::{jwt, rbac};
 
 /// What a config is built for: the waypoint's key, and what its proxy's flavour changes.
 /// Replicas of one waypoint have the same and share one config.
@@ -70,9 +71,11 @@ pub struct WaypointConfig {
     service_clusters: imbl::HashMap<Name, Arc<[Name]>>,
     /// Workload -> the bound services it is an endpoint of, as last built.
     member_of: imbl::HashMap<Name, Arc<[Name]>>,
-    /// The waypoint policies it was built with (the snapshot shares one slice until a
-    /// policy changes).
+    /// The waypoint policies, RequestAuthentications and key sets it was built with (the
+    /// snapshot shares each slice until one of its items changes).
     policies: Option<Arc<[Arc<AuthorizationPolicy>]>>,
+    authentications: Option<Arc<[Arc<RequestAuthentication>]>>,
+    jwks: Option<Arc<[Arc<Jwks>]>>,
 }
 
 /// What one EDS cluster was built from.
@@ -155,7 +158,15 @@ impl WaypointConfig {
         let policies_same = self
             .policies
             .as_ref()
-            .is_some_and(|p| Arc::ptr_eq(p, &snapshot.waypoint_policies));
+            .is_some_and(|p| Arc::ptr_eq(p, &snapshot.waypoint_policies))
+            && self
+                .authentications
+                .as_ref()
+                .is_some_and(|a| Arc::ptr_eq(a, &snapshot.waypoint_authentications))
+            && self
+                .jwks
+                .as_ref()
+                .is_some_and(|j| Arc::ptr_eq(j, &snapshot.jwks));
         let Some(changed) =
             snapshot.names_changed_since(crate::discovery::TypeKind::Address, self.generation)
         else {
@@ -277,8 +288,18 @@ impl Builder<'_> {
             policies
                 .iter()
                 .map(|p| &**p)
-                .filter(|p| attachment.attaches(p, target))
+                .filter(|p| attachment.attaches(*p, target))
                 .collect()
+        };
+        let authentications = snapshot.waypoint_authentications.clone();
+        let jwt_authn = |target: Target<'_>| {
+            jwt::jwt_authn(
+                authentications
+                    .iter()
+                    .map(|ra| &**ra)
+                    .filter(|ra| attachment.attaches(*ra, target)),
+                snapshot,
+            )
         };
 
         let mut chains: Vec<Chain> = Vec::new();
@@ -296,6 +317,7 @@ impl Builder<'_> {
             let on_service = attached(target);
             let rbac_http = rbac::chain_rbac(on_service.iter().copied(), rbac_kind(true));
             let rbac_tcp = rbac::chain_rbac(on_service.iter().copied(), rbac_kind(false));
+            let jwt_http = jwt_authn(target);
             let mut ports = Vec::new();
             for port in &service.ports {
                 let protocol = port_protocol(port.app_protocol);
@@ -321,6 +343,7 @@ impl Builder<'_> {
                         } else {
                             rbac_tcp.clone()
                         },
+                        jwt: if is_http { jwt_http.clone() } else { None },
                     };
                     chains.push(if is_http {
                         listeners::http_chain(&spec, &settings)
@@ -368,6 +391,7 @@ impl Builder<'_> {
         let direct = listeners::direct_chains(
             &rbac::chain_rbac(on_waypoint.iter().copied(), rbac_kind(false)),
             &rbac::chain_rbac(on_waypoint.iter().copied(), rbac_kind(true)),
+            jwt_authn(Target::Waypoint).as_ref(),
             &settings,
         );
         let workload_ips: Vec<CidrRange> = bound
@@ -412,6 +436,8 @@ impl Builder<'_> {
                 .map(|(service, clusters)| (service, clusters.into()))
                 .collect(),
             policies: Some(policies),
+            authentications: Some(authentications),
+            jwks: Some(snapshot.jwks.clone()),
         }
     }
 

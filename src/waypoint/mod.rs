@@ -15,15 +15,19 @@
 //! | `listeners` | `connect_terminate`, `main_internal` (matcher and chains), `connect_originate` |
 //! | `clusters` | `main_internal`, `encap`, `connect_originate`, `inbound-vip\|…` |
 //! | `endpoints` | each `inbound-vip` cluster's ClusterLoadAssignment |
+//! | `attach` | which `targetRefs` policies attach to which chain |
 //! | `rbac` | AuthorizationPolicies with `targetRefs` as Envoy RBAC |
+//! | `jwt` | RequestAuthentications with `targetRefs` as `jwt_authn`, and RBAC's JWT principals |
 //! | `key_set` | whether Envoy accepts a key set inline |
 //! | `config` | the whole config, and its incremental update |
 
+mod attach;
 mod bound;
 mod clusters;
 mod config;
 mod endpoints;
 mod envoy;
+mod jwt;
 mod key_set;
 mod listeners;
 mod proxy;
