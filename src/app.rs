@@ -307,6 +307,20 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             Ok(())
         });
     }
+    // RequestAuthentications' key sets, fetched for waypoints: one more source of events.
+    let (jwks_snapshots, jwks_events) = (snapshots.clone(), events_tx.clone());
+    let (jwks_config, jwks_metrics, jwks_stop) = (config.jwks, metrics.clone(), shutdown.clone());
+    tasks.spawn(async move {
+        crate::kube::jwks::follow(
+            jwks_snapshots,
+            jwks_events,
+            jwks_config,
+            jwks_metrics,
+            jwks_stop,
+        )
+        .await;
+        Ok(())
+    });
     tasks.spawn(source.run(events_tx, stop));
 
     let ads = AdsServer::new(snapshots.clone(), registry.clone(), metrics.clone())

@@ -225,6 +225,11 @@ pub struct ServeArgs {
     #[arg(long, env = "AMBIENTD_SCOPE_TO_NODE", default_value_t = false)]
     pub scope_to_node: bool,
 
+    /// How often the key sets of RequestAuthentications' `jwksUri`s are fetched again
+    /// (istiod's PILOT_JWT_PUB_KEY_REFRESH_INTERVAL). A failed fetch is retried sooner.
+    #[arg(long, env = "AMBIENTD_JWKS_REFRESH_INTERVAL", default_value = "20m", value_parser = positive_duration)]
+    pub jwks_refresh_interval: Duration,
+
     /// On SIGTERM: stop accepting, end every xDS stream (ztunnels get GOAWAY and reconnect to
     /// another replica), let certificate requests in flight finish, and exit within this long.
     /// Keep it under the pod's terminationGracePeriodSeconds (30s by default).
@@ -409,6 +414,14 @@ fn short_duration(value: &str) -> Result<Duration, String> {
     Ok(Duration::from_millis(number.saturating_mul(scale)))
 }
 
+/// [`short_duration`], but not zero.
+fn positive_duration(value: &str) -> Result<Duration, String> {
+    match short_duration(value)? {
+        d if d.is_zero() => Err(format!("{value:?} must be more than 0")),
+        d => Ok(d),
+    }
+}
+
 fn log_filter(value: &str) -> Result<String, String> {
     tracing_subscriber::EnvFilter::builder()
         .parse(value)
@@ -453,6 +466,8 @@ pub struct Config {
     pub mesh_config: Option<crate::kube::mesh_config::MeshFile>,
     /// How often the mesh config file is read again.
     pub mesh_poll: Duration,
+    /// The JWKS fetcher (RequestAuthentications' `jwksUri`s).
+    pub jwks: crate::kube::jwks::JwksConfig,
 }
 
 impl Config {
@@ -474,6 +489,7 @@ impl Config {
             scope_to_node: false,
             mesh_config: None,
             mesh_poll: crate::kube::mesh_config::POLL,
+            jwks: crate::kube::jwks::JwksConfig::default(),
         }
     }
 }
@@ -654,6 +670,9 @@ impl TryFrom<ServeArgs> for Config {
             scope_to_node: args.scope_to_node,
             mesh_config,
             mesh_poll: crate::kube::mesh_config::POLL,
+            jwks: crate::kube::jwks::JwksConfig {
+                refresh: args.jwks_refresh_interval,
+            },
         })
     }
 }

@@ -132,6 +132,9 @@ pub struct Metrics {
     /// objects waiting to be written.
     pub status_writes: Family<StatusLabel, Counter>,
     pub status_pending: Gauge,
+    /// istiod's JWKS resolver: fetches of RequestAuthentication key sets (`kube::jwks`).
+    pub jwks_fetch_success: Counter,
+    pub jwks_fetch_fail: Counter,
     /// Resident memory, refreshed on each scrape.
     pub resident_memory: Gauge,
     started: SystemTime,
@@ -184,6 +187,8 @@ impl Metrics {
         let resident_memory = Gauge::default();
         let status_writes = Family::<StatusLabel, Counter>::default();
         let status_pending = Gauge::default();
+        let jwks_fetch_success = Counter::default();
+        let jwks_fetch_fail = Counter::default();
 
         // Counters get `_total` appended by OpenMetrics; istiod's names are kept as the stem.
         registry.register("pilot_xds", "Connected xDS clients", xds_clients.clone());
@@ -305,6 +310,16 @@ impl Metrics {
             status_pending.clone(),
         );
         registry.register(
+            "pilot_jwks_resolver_network_fetch_success",
+            "Total number of successfully network fetch by pilot jwks resolver",
+            jwks_fetch_success.clone(),
+        );
+        registry.register(
+            "pilot_jwks_resolver_network_fetch_fail",
+            "Total number of failed network fetch by pilot jwks resolver",
+            jwks_fetch_fail.clone(),
+        );
+        registry.register(
             "ambientd_resident_memory_bytes",
             "Resident set size of the process",
             resident_memory.clone(),
@@ -337,6 +352,8 @@ impl Metrics {
             source_last_sync,
             status_writes,
             status_pending,
+            jwks_fetch_success,
+            jwks_fetch_fail,
             resident_memory,
             started: SystemTime::now(),
             recent: Mutex::new(VecDeque::new()),
@@ -409,6 +426,13 @@ impl Metrics {
 /// The content type of [`Metrics::encode`].
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
+/// Counters whose istiod names end in `_total` themselves (prometheus-client refuses such a
+/// registered name): they keep the suffix it adds.
+const ISTIOD_TOTALS: [&str; 2] = [
+    "pilot_jwks_resolver_network_fetch_success",
+    "pilot_jwks_resolver_network_fetch_fail",
+];
+
 /// Turns prometheus-client's OpenMetrics text into the Prometheus text format istiod serves:
 /// counters keep their registered names (`pilot_xds_pushes`, not `pilot_xds_pushes_total`), so
 /// dashboards and alerts written for istiod work unchanged; `# UNIT` and `# EOF` go.
@@ -419,9 +443,21 @@ fn prometheus_text(openmetrics: &str) -> String {
         if line == "# EOF" || line.starts_with("# UNIT ") {
             continue;
         }
+        // Their HELP and TYPE name the samples, `_total` included.
+        if let Some(name) = ISTIOD_TOTALS.iter().find(|name| {
+            line.strip_prefix("# HELP ")
+                .or_else(|| line.strip_prefix("# TYPE "))
+                .and_then(|rest| rest.strip_prefix(**name))
+                .is_some_and(|rest| rest.starts_with(' '))
+        }) {
+            out.push_str(&line.replacen(name, &format!("{name}_total"), 1));
+            out.push('\n');
+            continue;
+        }
         if let Some(rest) = line.strip_prefix("# TYPE ") {
             counter = rest
                 .strip_suffix(" counter")
+                .filter(|name| !ISTIOD_TOTALS.contains(name))
                 .map(|name| format!("{name}_total"));
         } else if !line.starts_with('#')
             && let Some(total) = &counter
@@ -462,7 +498,20 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("citadel_server_csr_count 1\n"), "{text}");
-        assert!(!text.contains("_total"), "{text}");
+        // No `_total` is added: only names that are istiod's with it have it.
+        for line in text.lines().filter(|l| l.contains("_total")) {
+            assert!(line.contains("jwks_resolver_network_fetch_"), "{line}");
+            assert!(!line.contains("_total_total"), "{line}");
+        }
+        metrics.jwks_fetch_success.inc();
+        let text = metrics.encode();
+        assert!(
+            text.contains(
+                "# TYPE pilot_jwks_resolver_network_fetch_success_total counter\n\
+                 pilot_jwks_resolver_network_fetch_success_total 1\n"
+            ),
+            "{text}"
+        );
         assert!(!text.contains("# EOF"));
         // Histograms keep their series.
         assert!(text.contains("pilot_xds_push_time_bucket{"), "{text}");

@@ -83,6 +83,11 @@ pub mod envoy {
                         tonic::include_proto!("envoy.extensions.filters.http.grpc_stats.v3");
                     }
                 }
+                pub mod jwt_authn {
+                    pub mod v3 {
+                        tonic::include_proto!("envoy.extensions.filters.http.jwt_authn.v3");
+                    }
+                }
                 pub mod rbac {
                     pub mod v3 {
                         tonic::include_proto!("envoy.extensions.filters.http.rbac.v3");
@@ -150,6 +155,15 @@ pub mod envoy {
                 pub mod network {
                     pub mod v3 {
                         tonic::include_proto!("envoy.extensions.matching.common_inputs.network.v3");
+                    }
+                }
+            }
+        }
+        pub mod path {
+            pub mod r#match {
+                pub mod uri_template {
+                    pub mod v3 {
+                        tonic::include_proto!("envoy.extensions.path.r#match.uri_template.v3");
                     }
                 }
             }

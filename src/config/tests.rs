@@ -341,3 +341,14 @@ fn the_waypoint_controller_runs_in_cluster_mode_with_its_proxy_settings() {
             .contains("--waypoint-replicas")
     );
 }
+
+#[test]
+fn the_jwks_refresh_interval_is_istiods_unless_set() {
+    let config = Config::try_from(parse(&["--manifests", "x"]).unwrap()).unwrap();
+    assert_eq!(config.jwks.refresh, Duration::from_secs(20 * 60));
+    let args = ["--manifests", "x", "--jwks-refresh-interval", "90s"];
+    let config = Config::try_from(parse(&args).unwrap()).unwrap();
+    assert_eq!(config.jwks.refresh, Duration::from_secs(90));
+    let error = parse(&["--manifests", "x", "--jwks-refresh-interval", "0"]).unwrap_err();
+    assert!(error.contains("--jwks-refresh-interval"), "{error}");
+}

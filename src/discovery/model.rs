@@ -13,6 +13,7 @@ pub(crate) mod labels;
 pub(crate) mod network_gateway;
 pub(crate) mod peer_authentication;
 pub(crate) mod pod;
+pub(crate) mod request_authentication;
 pub(crate) mod status;
 pub(crate) mod uid;
 pub(crate) mod visibility;
@@ -31,5 +32,8 @@ pub use kinds::*;
 pub use labels::Labels;
 pub use peer_authentication::{MtlsMode, PeerAuthentication};
 pub use pod::{ContainerPort, Owner, Pod, PodFields};
+pub use request_authentication::{
+    ClaimToHeader, Jwks, JwksSource, JwtHeader, JwtRule, RequestAuthentication,
+};
 pub use status::{DesiredStatus, StatusCondition};
 pub use visibility::{ServiceEntryVisibility, Visibility, VisibilityPolicy};

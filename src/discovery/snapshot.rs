@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use crate::discovery::model::authorization::AuthorizationPolicy;
 use crate::discovery::model::destination_rule::DestinationRule;
+use crate::discovery::model::request_authentication::{Jwks, RequestAuthentication};
 use crate::discovery::model::status::PolicyStatus;
 use crate::discovery::model::status::{DesiredStatus, StatusTarget};
 use crate::discovery::names::TypeKind;
@@ -169,6 +170,12 @@ pub struct Snapshot {
     /// Every DestinationRule, oldest first (istiod's merge order): waypoints choose and apply
     /// them. The same slice until one of them changes.
     pub destination_rules: Arc<[Arc<DestinationRule>]>,
+    /// RequestAuthentications with `targetRef(s)`, oldest first: enforced by waypoints (their
+    /// `jwt_authn` filter). The same slice until one of them changes.
+    pub waypoint_authentications: Arc<[Arc<RequestAuthentication>]>,
+    /// The key sets ambientd fetched for them (`kube::jwks`), by name. The same slice until one
+    /// changes.
+    pub jwks: Arc<[Arc<Jwks>]>,
     /// `(generation, changes that produced it)`, oldest first, at most [`HISTORY`] entries and
     /// [`MIN_HISTORY_NAMES`] or an eighth of the resources' count in names.
     pub(crate) history: imbl::Vector<(u64, Arc<Changes>)>,
@@ -257,6 +264,14 @@ impl Flat {
 }
 
 impl Snapshot {
+    /// The key set fetched under `name` ([`crate::discovery::model::JwksSource::key`]).
+    pub fn key_set(&self, name: &str) -> Option<&Jwks> {
+        self.jwks
+            .binary_search_by(|j| j.name.as_str().cmp(name))
+            .ok()
+            .map(|at| &*self.jwks[at])
+    }
+
     pub fn resources(&self, kind: TypeKind) -> &ResourceMap {
         match kind {
             TypeKind::Address => &self.addresses,

@@ -12,6 +12,7 @@ use foldhash::HashMap;
 
 use crate::discovery::model::authorization::PolicyTargetRef;
 use crate::discovery::model::network_gateway::NetworkGateway;
+use crate::discovery::model::request_authentication::{Jwks, RequestAuthentication};
 use crate::discovery::model::visibility::{ServiceEntryVisibility, Visibility};
 use crate::discovery::model::waypoint::{GATEWAY_NAME_LABEL, Waypoint};
 use crate::discovery::model::{
@@ -62,6 +63,9 @@ pub(crate) struct Store {
     policies: HashMap<Key, AuthorizationPolicy>,
     peer_authentications: HashMap<Key, PeerAuthentication>,
     destination_rules: HashMap<Key, DestinationRule>,
+    request_authentications: HashMap<Key, RequestAuthentication>,
+    /// Key sets fetched for RequestAuthentications, by [`Jwks::name`].
+    jwks: HashMap<String, Jwks>,
     /// Gateways that are ready waypoints (derived from Gateway + GatewayClass).
     waypoints: HashMap<Key, Waypoint>,
     members: HashMap<String, NamespaceMembers>,
@@ -138,6 +142,14 @@ impl Store {
 
     pub(crate) fn destination_rules(&self) -> &HashMap<Key, DestinationRule> {
         &self.destination_rules
+    }
+
+    pub(crate) fn request_authentications(&self) -> &HashMap<Key, RequestAuthentication> {
+        &self.request_authentications
+    }
+
+    pub(crate) fn jwks(&self) -> &HashMap<String, Jwks> {
+        &self.jwks
     }
 
     pub(crate) fn waypoints(&self) -> &HashMap<Key, Waypoint> {
@@ -553,6 +565,12 @@ impl Store {
             Object::DestinationRule(r) => {
                 self.destination_rules.insert(k, r);
             }
+            Object::RequestAuthentication(ra) => {
+                self.request_authentications.insert(k, ra);
+            }
+            Object::Jwks(jwks) => {
+                self.jwks.insert(jwks.name.clone(), jwks);
+            }
             Object::EndpointSlice(slice) => {
                 self.member_mut(&k.0).slices.insert(k.1.clone());
                 if let Some(service) = &slice.service_name {
@@ -663,6 +681,11 @@ impl Store {
                 .destination_rules
                 .remove(&k)
                 .map(Object::DestinationRule),
+            Kind::RequestAuthentication => self
+                .request_authentications
+                .remove(&k)
+                .map(Object::RequestAuthentication),
+            Kind::Jwks => self.jwks.remove(&reference.name).map(Object::Jwks),
             Kind::EndpointSlice => {
                 let slice = self.slices.remove(&k)?;
                 self.member_mut(&k.0).slices.remove(&k.1);
@@ -714,6 +737,8 @@ impl Store {
             Object::AuthorizationPolicy(o) => self.policies.get(&k) == Some(o),
             Object::PeerAuthentication(o) => self.peer_authentications.get(&k) == Some(o),
             Object::DestinationRule(o) => self.destination_rules.get(&k) == Some(o),
+            Object::RequestAuthentication(o) => self.request_authentications.get(&k) == Some(o),
+            Object::Jwks(o) => self.jwks.get(&o.name) == Some(o),
         }
     }
 
@@ -733,6 +758,8 @@ impl Store {
             Kind::AuthorizationPolicy => self.policies.len(),
             Kind::PeerAuthentication => self.peer_authentications.len(),
             Kind::DestinationRule => self.destination_rules.len(),
+            Kind::RequestAuthentication => self.request_authentications.len(),
+            Kind::Jwks => self.jwks.len(),
         }
     }
 
@@ -764,6 +791,8 @@ impl Store {
             Kind::AuthorizationPolicy => keyed(kind, &self.policies),
             Kind::PeerAuthentication => keyed(kind, &self.peer_authentications),
             Kind::DestinationRule => keyed(kind, &self.destination_rules),
+            Kind::RequestAuthentication => keyed(kind, &self.request_authentications),
+            Kind::Jwks => named(kind, &self.jwks),
         }
     }
 }

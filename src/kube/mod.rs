@@ -1,6 +1,7 @@
 //! Sources: turn manifests ([`manifests`]) or Kubernetes watches ([`cluster`]) into
 //! [`crate::discovery::Event`]s. [`token_review`] asks the API server about tokens for the CA;
-//! [`status_writer`] writes the index's status conditions back (leader only).
+//! [`status_writer`] writes the index's status conditions back (leader only); [`jwks`] fetches
+//! RequestAuthentications' key sets for waypoints, as one more source of events.
 //!
 //! Writes (cluster mode, see [`writes`]): [`leader`] elects the one replica that writes,
 //! [`ca_secret`] keeps the CA in Secrets, [`root_configmap`] distributes the root bundle.
@@ -13,6 +14,7 @@ pub mod ca_secret;
 pub mod cluster;
 mod destination_rule;
 pub mod ip_allocate;
+pub mod jwks;
 pub mod leader;
 mod listed;
 pub mod manifests;

@@ -105,6 +105,9 @@ pub fn decode(value: Value) -> Vec<Decoded> {
         ("security.istio.io/v1" | "security.istio.io/v1beta1", "PeerAuthentication") => {
             security::decode_peer_authentication(&value).map(Object::PeerAuthentication)
         }
+        ("security.istio.io/v1" | "security.istio.io/v1beta1", "RequestAuthentication") => {
+            security::decode_request_authentication(&value).map(Object::RequestAuthentication)
+        }
         _ => return vec![Decoded::Ignored(kind_name)],
     };
     vec![match result {

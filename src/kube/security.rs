@@ -1,11 +1,15 @@
 //! `security.istio.io` objects (v1 and v1beta1) as they appear in YAML/JSON, decoded to the
-//! reduced [`AuthorizationPolicy`] and [`PeerAuthentication`] of `crate::discovery`.
+//! reduced [`AuthorizationPolicy`], [`PeerAuthentication`] and [`RequestAuthentication`] of
+//! `crate::discovery`.
 //!
 //! Decoding is lenient where Kubernetes is (missing fields take their defaults; unknown fields
 //! are ignored; an unquoted scalar such as `ports: [8080]` is read as its text) and strict where
 //! a wrong value would change what is enforced: an unknown `mtls.mode` or a non-numeric
 //! `portLevelMtls` key is an error naming the field, as it is for istiod's decoder. An unknown
 //! `action` is kept as [`PolicyAction::Unknown`] so the conversion can report it in the status.
+//! A JWT rule that Istio's validation refuses, or that Envoy would refuse inside a waypoint's
+//! listener (an empty header name, an inline `jwks` it cannot read, a `timeout` that is not a
+//! duration), fails the whole RequestAuthentication with the field's path.
 //! A missing `metadata.namespace` is `default`; `metadata.name` is required.
 
 use std::collections::BTreeMap;
@@ -19,6 +23,9 @@ use crate::discovery::model::authorization::{
     PolicyTargetRef, REVISION_LABEL, Source,
 };
 use crate::discovery::model::peer_authentication::{MtlsMode, PeerAuthentication};
+use crate::discovery::model::request_authentication::{
+    ClaimToHeader, JwtHeader, JwtRule, RequestAuthentication,
+};
 use crate::kube::objects::{parse, string_map};
 
 const API_VERSIONS: [&str; 2] = ["security.istio.io/v1", "security.istio.io/v1beta1"];
@@ -100,6 +107,32 @@ pub fn decode_peer_authentication(value: &Value) -> Result<PeerAuthentication, S
         selector: spec.selector.map(|s| s.match_labels),
         mode,
         port_level,
+        creation: meta.creation_timestamp,
+    })
+}
+
+/// Decodes a `RequestAuthentication`. The error names the failing field.
+pub fn decode_request_authentication(value: &Value) -> Result<RequestAuthentication, String> {
+    check_type(value, "RequestAuthentication")?;
+    let raw: RawRequestAuthentication = parse(value)?;
+    let meta = raw.metadata;
+    let spec = raw.spec;
+    let jwt_rules = spec
+        .jwt_rules
+        .into_iter()
+        .enumerate()
+        .map(|(i, rule)| rule.reduce(&format!("spec.jwtRules[{i}]")))
+        .collect::<Result<_, _>>()?;
+    Ok(RequestAuthentication {
+        name: meta.name()?,
+        namespace: meta.namespace(),
+        revision: meta.labels.get(REVISION_LABEL).map(str::to_string),
+        selector: spec.selector.map(|s| s.match_labels),
+        target_refs: match spec.target_ref.as_ref().filter(|t| !t.is_null()) {
+            Some(one) => vec![target_ref(one)],
+            None => spec.target_refs.iter().map(target_ref).collect(),
+        },
+        jwt_rules,
         creation: meta.creation_timestamp,
     })
 }
@@ -408,6 +441,189 @@ struct RawCondition {
     values: Vec<String>,
     #[serde(deserialize_with = "string_list")]
     not_values: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawRequestAuthentication {
+    #[serde(deserialize_with = "or_default")]
+    metadata: RawMeta,
+    #[serde(deserialize_with = "or_default")]
+    spec: RawRequestAuthenticationSpec,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RawRequestAuthenticationSpec {
+    selector: Option<RawSelector>,
+    target_ref: Option<Value>,
+    #[serde(deserialize_with = "or_default")]
+    target_refs: Vec<Value>,
+    #[serde(deserialize_with = "or_default")]
+    jwt_rules: Vec<RawJwtRule>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RawJwtRule {
+    #[serde(deserialize_with = "or_default")]
+    issuer: String,
+    #[serde(deserialize_with = "string_list")]
+    audiences: Vec<String>,
+    #[serde(deserialize_with = "or_default")]
+    jwks_uri: String,
+    #[serde(deserialize_with = "or_default")]
+    jwks: String,
+    #[serde(deserialize_with = "or_default")]
+    from_headers: Vec<RawJwtHeader>,
+    #[serde(deserialize_with = "string_list")]
+    from_params: Vec<String>,
+    #[serde(deserialize_with = "string_list")]
+    from_cookies: Vec<String>,
+    #[serde(deserialize_with = "or_default")]
+    output_payload_to_header: String,
+    #[serde(deserialize_with = "or_default")]
+    forward_original_token: bool,
+    #[serde(deserialize_with = "or_default")]
+    output_claim_to_headers: Vec<RawClaimToHeader>,
+    timeout: Option<String>,
+    #[serde(deserialize_with = "string_list")]
+    space_delimited_claims: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawJwtHeader {
+    #[serde(deserialize_with = "or_default")]
+    name: String,
+    #[serde(deserialize_with = "or_default")]
+    prefix: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawClaimToHeader {
+    #[serde(deserialize_with = "or_default")]
+    header: String,
+    #[serde(deserialize_with = "or_default")]
+    claim: String,
+}
+
+impl RawJwtRule {
+    /// The rule, or why Istio's validation (`validateJwtRule`) or Envoy would refuse it.
+    fn reduce(self, field: &str) -> Result<JwtRule, String> {
+        if self.issuer.is_empty() && self.jwks_uri.is_empty() {
+            return Err(format!("{field}: issuer or jwksUri must be set"));
+        }
+        if let Some(at) = self.audiences.iter().position(String::is_empty) {
+            return Err(format!("{field}.audiences[{at}]: empty"));
+        }
+        if !self.jwks_uri.is_empty() && !is_http_uri(&self.jwks_uri) {
+            return Err(format!(
+                "{field}.jwksUri: {:?} is not an http or https URI",
+                self.jwks_uri
+            ));
+        }
+        for (i, header) in self.from_headers.iter().enumerate() {
+            if !is_header_name(&header.name) {
+                return Err(format!(
+                    "{field}.fromHeaders[{i}].name: {:?} is not a header name",
+                    header.name
+                ));
+            }
+            if !is_header_value(&header.prefix) {
+                return Err(format!(
+                    "{field}.fromHeaders[{i}].prefix: not a header value"
+                ));
+            }
+        }
+        if let Some(at) = self.from_params.iter().position(String::is_empty) {
+            return Err(format!("{field}.fromParams[{at}]: empty"));
+        }
+        if let Some(at) = self.from_cookies.iter().position(String::is_empty) {
+            return Err(format!("{field}.fromCookies[{at}]: empty"));
+        }
+        if !self.output_payload_to_header.is_empty()
+            && !is_header_name(&self.output_payload_to_header)
+        {
+            return Err(format!(
+                "{field}.outputPayloadToHeader: {:?} is not a header name",
+                self.output_payload_to_header
+            ));
+        }
+        for (i, pair) in self.output_claim_to_headers.iter().enumerate() {
+            if pair.claim.is_empty() || !is_header_name(&pair.header) {
+                return Err(format!(
+                    "{field}.outputClaimToHeaders[{i}]: needs a claim and a header name"
+                ));
+            }
+        }
+        if !self.jwks.is_empty() {
+            crate::waypoint::check_key_set(&self.jwks)
+                .map_err(|reason| format!("{field}.jwks: {reason}"))?;
+        }
+        let timeout_ms = match self.timeout.as_deref() {
+            None => None,
+            Some(text) => Some(proto_duration_ms(text).ok_or_else(|| {
+                format!("{field}.timeout: {text:?} is not a duration such as 5s or 1.5s")
+            })?),
+        };
+        Ok(JwtRule {
+            issuer: self.issuer,
+            audiences: self.audiences,
+            jwks_uri: self.jwks_uri,
+            jwks: self.jwks,
+            from_headers: self
+                .from_headers
+                .into_iter()
+                .map(|h| JwtHeader {
+                    name: h.name,
+                    prefix: h.prefix,
+                })
+                .collect(),
+            from_params: self.from_params,
+            from_cookies: self.from_cookies,
+            output_payload_to_header: self.output_payload_to_header,
+            forward_original_token: self.forward_original_token,
+            output_claim_to_headers: self
+                .output_claim_to_headers
+                .into_iter()
+                .map(|c| ClaimToHeader {
+                    header: c.header,
+                    claim: c.claim,
+                })
+                .collect(),
+            timeout_ms,
+            space_delimited_claims: self.space_delimited_claims,
+        })
+    }
+}
+
+/// `http://host...` or `https://host...` (istiod's `ParseJwksURI` takes only these).
+fn is_http_uri(uri: &str) -> bool {
+    let rest = uri
+        .strip_prefix("https://")
+        .or_else(|| uri.strip_prefix("http://"));
+    rest.is_some_and(|r| !r.is_empty() && !r.starts_with('/') && !r.contains(char::is_whitespace))
+}
+
+/// A header name Envoy accepts (its `HTTP_HEADER_NAME` rule, not strict): not empty, and no
+/// NUL, CR, LF or ':' after the first character.
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.contains(['\0', '\r', '\n'])
+        && !name.get(1..).is_some_and(|rest| rest.contains(':'))
+}
+
+/// A header value Envoy accepts (`HTTP_HEADER_VALUE`, not strict): no NUL, CR or LF.
+fn is_header_value(value: &str) -> bool {
+    !value.contains(['\0', '\r', '\n'])
+}
+
+/// A protobuf JSON duration (`5s`, `1.5s`, `0.100s`) in milliseconds.
+fn proto_duration_ms(text: &str) -> Option<u64> {
+    let seconds: f64 = text.strip_suffix('s')?.parse().ok()?;
+    (seconds.is_finite() && seconds >= 0.0).then(|| (seconds * 1000.0).round() as u64)
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -17,6 +17,7 @@ use crate::pb::envoy::extensions::filters::common::set_filter_state::v3 as set_f
 use crate::pb::envoy::extensions::filters::http::cors::v3 as cors;
 use crate::pb::envoy::extensions::filters::http::fault::v3 as fault;
 use crate::pb::envoy::extensions::filters::http::grpc_stats::v3 as grpc_stats;
+use crate::pb::envoy::extensions::filters::http::jwt_authn::v3 as jwt_authn;
 use crate::pb::envoy::extensions::filters::http::rbac::v3 as http_rbac;
 use crate::pb::envoy::extensions::filters::http::router::v3 as router;
 use crate::pb::envoy::extensions::filters::http::set_filter_state::v3 as http_set_filter_state;
@@ -28,6 +29,7 @@ use crate::pb::envoy::extensions::filters::network::rbac::v3 as network_rbac;
 use crate::pb::envoy::extensions::filters::network::set_filter_state::v3 as network_set_filter_state;
 use crate::pb::envoy::extensions::filters::network::tcp_proxy::v3 as tcp_proxy;
 use crate::pb::envoy::extensions::matching::common_inputs::network::v3 as network_inputs;
+use crate::pb::envoy::extensions::path::r#match::uri_template::v3 as uri_template;
 use crate::pb::envoy::extensions::transport_sockets::internal_upstream::v3 as internal_upstream;
 use crate::pb::envoy::extensions::transport_sockets::raw_buffer::v3 as raw_buffer;
 use crate::pb::envoy::extensions::transport_sockets::tls::v3 as tls;
@@ -318,6 +320,87 @@ fn tags_are_upstreams() {
     );
 }
 
+/// The fields of `jwt_authn`, the metadata matchers, and RBAC's JWT and template fields, by
+/// upstream's numbers.
+#[test]
+fn jwt_and_metadata_tags_are_upstreams() {
+    use crate::pb::google::protobuf::Empty;
+    let provider = jwt_authn::JwtProvider {
+        jwks_source_specifier: Some(jwt_authn::jwt_provider::JwksSourceSpecifier::LocalJwks(
+            envoy_core::DataSource::default(),
+        )),
+        ..Default::default()
+    };
+    // local_jwks = 4.
+    assert_eq!(provider.encode_to_vec(), [0x22, 0x00]);
+    let provider = jwt_authn::JwtProvider {
+        payload_in_metadata: "p".into(),
+        clear_route_cache: true,
+        normalize_payload_in_metadata: Some(Default::default()),
+        from_cookies: vec!["c".into()],
+        ..Default::default()
+    };
+    // payload_in_metadata = 9, from_cookies = 13, clear_route_cache = 17,
+    // normalize_payload_in_metadata = 18.
+    assert_eq!(
+        provider.encode_to_vec(),
+        [
+            0x4a, 0x01, b'p', 0x6a, 0x01, b'c', 0x88, 0x01, 0x01, 0x92, 0x01, 0x00
+        ]
+    );
+    let requirement = |r| jwt_authn::JwtRequirement {
+        requires_type: Some(r),
+    };
+    use jwt_authn::jwt_requirement::RequiresType;
+    // allow_missing = 6, allow_missing_or_failed = 5, requires_all = 4.
+    assert_eq!(
+        requirement(RequiresType::AllowMissing(Empty {})).encode_to_vec(),
+        [0x32, 0x00]
+    );
+    assert_eq!(
+        requirement(RequiresType::AllowMissingOrFailed(Empty {})).encode_to_vec(),
+        [0x2a, 0x00]
+    );
+    assert_eq!(
+        requirement(RequiresType::RequiresAll(Default::default())).encode_to_vec(),
+        [0x22, 0x00]
+    );
+    // JwtAuthentication.bypass_cors_preflight = 4.
+    let config = jwt_authn::JwtAuthentication {
+        bypass_cors_preflight: true,
+        ..Default::default()
+    };
+    assert_eq!(config.encode_to_vec(), [0x20, 0x01]);
+    // Principal.metadata = 7; ValueMatcher.list_match = 6, or_match = 7.
+    let principal = rbac::Principal {
+        identifier: Some(rbac::principal::Identifier::Metadata(Default::default())),
+    };
+    assert_eq!(principal.encode_to_vec(), [0x3a, 0x00]);
+    let list = matcher::ValueMatcher {
+        match_pattern: Some(matcher::value_matcher::MatchPattern::ListMatch(
+            Box::default(),
+        )),
+    };
+    assert_eq!(list.encode_to_vec(), [0x32, 0x00]);
+    let or = matcher::ValueMatcher {
+        match_pattern: Some(matcher::value_matcher::MatchPattern::OrMatch(
+            Default::default(),
+        )),
+    };
+    assert_eq!(or.encode_to_vec(), [0x3a, 0x00]);
+    // Permission.uri_template = 13.
+    let permission = rbac::Permission {
+        rule: Some(rbac::permission::Rule::UriTemplate(Default::default())),
+    };
+    assert_eq!(permission.encode_to_vec(), [0x6a, 0x00]);
+    // The HTTP RBAC filter's track_per_rule_stats = 7.
+    let filter = http_rbac::Rbac {
+        track_per_rule_stats: true,
+        ..Default::default()
+    };
+    assert_eq!(filter.encode_to_vec(), [0x38, 0x01]);
+}
+
 #[test]
 fn an_sds_secret_round_trips() {
     let secret = tls::Secret {
@@ -412,6 +495,17 @@ fn type_urls_are_upstreams() {
     check::<cors::Cors>("envoy.extensions.filters.http.cors.v3.Cors");
     check::<fault::HttpFault>("envoy.extensions.filters.http.fault.v3.HTTPFault");
     check::<grpc_stats::FilterConfig>("envoy.extensions.filters.http.grpc_stats.v3.FilterConfig");
+    check::<jwt_authn::JwtAuthentication>(
+        "envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication",
+    );
+    check::<jwt_authn::JwtProvider>("envoy.extensions.filters.http.jwt_authn.v3.JwtProvider");
+    check::<jwt_authn::JwtRequirement>("envoy.extensions.filters.http.jwt_authn.v3.JwtRequirement");
+    check::<jwt_authn::RequirementRule>(
+        "envoy.extensions.filters.http.jwt_authn.v3.RequirementRule",
+    );
+    check::<uri_template::UriTemplateMatchConfig>(
+        "envoy.extensions.path.match.uri_template.v3.UriTemplateMatchConfig",
+    );
     check::<http_rbac::Rbac>("envoy.extensions.filters.http.rbac.v3.RBAC");
     check::<router::Router>("envoy.extensions.filters.http.router.v3.Router");
     check::<http_set_filter_state::Config>(
@@ -478,6 +572,10 @@ fn type_urls_are_upstreams() {
     check::<matcher::RegexMatcher>("envoy.type.matcher.v3.RegexMatcher");
     check::<matcher::FilterStateMatcher>("envoy.type.matcher.v3.FilterStateMatcher");
     check::<matcher::PathMatcher>("envoy.type.matcher.v3.PathMatcher");
+    check::<matcher::MetadataMatcher>("envoy.type.matcher.v3.MetadataMatcher");
+    check::<matcher::ValueMatcher>("envoy.type.matcher.v3.ValueMatcher");
+    check::<matcher::ListMatcher>("envoy.type.matcher.v3.ListMatcher");
+    check::<matcher::OrMatcher>("envoy.type.matcher.v3.OrMatcher");
     check::<metadata::MetadataKey>("envoy.type.metadata.v3.MetadataKey");
     check::<metadata::MetadataKind>("envoy.type.metadata.v3.MetadataKind");
     check::<types::Int64Range>("envoy.type.v3.Int64Range");

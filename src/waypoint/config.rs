@@ -5,12 +5,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use crate::discovery::model::{AuthorizationPolicy, DestinationRule};
+use crate::discovery::model::{AuthorizationPolicy, DestinationRule, Jwks, RequestAuthentication};
 use crate::discovery::names::ResourceType;
 use crate::discovery::snapshot::Name;
 use crate::discovery::{Resource, Snapshot};
 use crate::pb::envoy::config::core::v3::CidrRange;
 use crate::pb::istio::workload::{AppProtocol, Service};
+use crate::waypoint::attach::{Attachment, Target};
 use crate::waypoint::bound::{Bound, WaypointKey, members};
 use crate::waypoint::destination_rule::{DestinationRules, port_policy};
 use crate::waypoint::envoy::uint32;
@@ -18,9 +19,9 @@ use crate::waypoint::listeners::{
     self, Chain, ChainSpec, ListenerSettings, PortProtocol, ServiceMatch, rbac_kind,
 };
 use crate::waypoint::proxy::{Extensions, WaypointProxy};
-use crate::waypoint::rbac::{self, Attachment, Target};
 use crate::waypoint::traffic_policy::{AppliedPolicy, ChainTraffic};
 use crate::waypoint::{WaypointSettings, clusters, endpoints};
+use crate::waypoint::{jwt, rbac};
 
 /// What a config is built for: the waypoint's key, and what its proxy's flavour changes.
 /// Replicas of one waypoint have the same and share one config.
@@ -72,11 +73,13 @@ pub struct WaypointConfig {
     service_clusters: imbl::HashMap<Name, Arc<[Name]>>,
     /// Workload -> the bound services it is an endpoint of, as last built.
     member_of: imbl::HashMap<Name, Arc<[Name]>>,
-    /// The waypoint policies it was built with (the snapshot shares one slice until a
-    /// policy changes).
+    /// The waypoint policies, RequestAuthentications and key sets it was built with (the
+    /// snapshot shares each slice until one of its items changes).
     policies: Option<Arc<[Arc<AuthorizationPolicy>]>>,
     /// The DestinationRules it was built with (shared the same way).
     destination_rules: Option<Arc<[Arc<DestinationRule>]>>,
+    authentications: Option<Arc<[Arc<RequestAuthentication>]>>,
+    jwks: Option<Arc<[Arc<Jwks>]>>,
 }
 
 /// What one EDS cluster was built from.
@@ -163,7 +166,15 @@ impl WaypointConfig {
             && self
                 .destination_rules
                 .as_ref()
-                .is_some_and(|r| Arc::ptr_eq(r, &snapshot.destination_rules));
+                .is_some_and(|r| Arc::ptr_eq(r, &snapshot.destination_rules))
+            && self
+                .authentications
+                .as_ref()
+                .is_some_and(|a| Arc::ptr_eq(a, &snapshot.waypoint_authentications))
+            && self
+                .jwks
+                .as_ref()
+                .is_some_and(|j| Arc::ptr_eq(j, &snapshot.jwks));
         let Some(changed) =
             snapshot.names_changed_since(crate::discovery::TypeKind::Address, self.generation)
         else {
@@ -291,8 +302,18 @@ impl Builder<'_> {
             policies
                 .iter()
                 .map(|p| &**p)
-                .filter(|p| attachment.attaches(p, target))
+                .filter(|p| attachment.attaches(*p, target))
                 .collect()
+        };
+        let authentications = snapshot.waypoint_authentications.clone();
+        let jwt_authn = |target: Target<'_>| {
+            jwt::jwt_authn(
+                authentications
+                    .iter()
+                    .map(|ra| &**ra)
+                    .filter(|ra| attachment.attaches(*ra, target)),
+                snapshot,
+            )
         };
 
         let mut chains: Vec<Chain> = Vec::new();
@@ -312,6 +333,7 @@ impl Builder<'_> {
             let rbac_tcp = rbac::chain_rbac(on_service.iter().copied(), rbac_kind(false));
             let rule = rules.for_service(&key.namespace, &service.namespace, &service.hostname);
             let traffic = ChainTraffic::of(rule.and_then(|r| r.traffic_policy.as_ref()));
+            let jwt_http = jwt_authn(target);
             let mut ports = Vec::new();
             for port in &service.ports {
                 let policy =
@@ -346,6 +368,7 @@ impl Builder<'_> {
                             rbac_tcp.clone()
                         },
                         traffic: &traffic,
+                        jwt: if is_http { jwt_http.clone() } else { None },
                     };
                     chains.push(if is_http {
                         listeners::http_chain(&spec, &settings)
@@ -394,6 +417,7 @@ impl Builder<'_> {
         let direct = listeners::direct_chains(
             &rbac::chain_rbac(on_waypoint.iter().copied(), rbac_kind(false)),
             &rbac::chain_rbac(on_waypoint.iter().copied(), rbac_kind(true)),
+            jwt_authn(Target::Waypoint).as_ref(),
             &settings,
         );
         let workload_ips: Vec<CidrRange> = bound
@@ -439,6 +463,8 @@ impl Builder<'_> {
                 .collect(),
             policies: Some(policies),
             destination_rules: Some(destination_rules),
+            authentications: Some(authentications),
+            jwks: Some(snapshot.jwks.clone()),
         }
     }
 

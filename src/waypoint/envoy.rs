@@ -20,6 +20,9 @@ pub(crate) const HTTP_SET_FILTER_STATE: &str =
 pub(crate) const NETWORK_SET_FILTER_STATE: &str =
     "envoy.extensions.filters.network.set_filter_state.v3.Config";
 pub(crate) const HTTP_RBAC: &str = "envoy.extensions.filters.http.rbac.v3.RBAC";
+pub(crate) const JWT_AUTHN: &str = "envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication";
+pub(crate) const URI_TEMPLATE_MATCH: &str =
+    "envoy.extensions.path.match.uri_template.v3.UriTemplateMatchConfig";
 pub(crate) const NETWORK_RBAC: &str = "envoy.extensions.filters.network.rbac.v3.RBAC";
 pub(crate) const GRPC_STATS: &str = "envoy.extensions.filters.http.grpc_stats.v3.FilterConfig";
 pub(crate) const FAULT: &str = "envoy.extensions.filters.http.fault.v3.HTTPFault";

@@ -16,6 +16,7 @@ use crate::pb::envoy::config::route::v3::{
 use crate::pb::envoy::extensions::filters::common::set_filter_state::v3::{
     FilterStateValue, filter_state_value,
 };
+use crate::pb::envoy::extensions::filters::http::jwt_authn::v3::JwtAuthentication;
 use crate::pb::envoy::extensions::filters::http::router::v3::Router;
 use crate::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     self as hcm, HttpConnectionManager, HttpFilter,
@@ -482,27 +483,14 @@ pub(crate) struct ChainSpec<'a> {
     pub(crate) rbac: Vec<crate::pb::envoy::config::rbac::v3::Rbac>,
     /// What the service's DestinationRule changes in the chain.
     pub(crate) traffic: &'a ChainTraffic,
+    /// The chain's `jwt_authn` filter (HTTP chains with RequestAuthentications).
+    pub(crate) jwt: Option<JwtAuthentication>,
 }
 
 /// A service's HTTP chain `inbound-vip|<port>|http|<host>` (§2.2): an HCM with the service's
-/// RBAC and the default route to its cluster (§4.2).
+/// `jwt_authn` and RBAC, and the default route to its cluster (§4.2).
 pub(crate) fn http_chain(spec: &ChainSpec<'_>, s: &ListenerSettings<'_>) -> Chain {
-    let mut filters: Vec<HttpFilter> = spec
-        .rbac
-        .iter()
-        .map(|rules| {
-            http_filter(
-                "envoy.filters.http.rbac",
-                any(
-                    envoy::HTTP_RBAC,
-                    &crate::pb::envoy::extensions::filters::http::rbac::v3::Rbac {
-                        rules: Some(rules.clone()),
-                        ..Default::default()
-                    },
-                ),
-            )
-        })
-        .collect();
+    let mut filters = auth_filters(spec.jwt.as_ref(), &spec.rbac);
     filters.push(http_filter(
         "envoy.filters.http.grpc_stats",
         any(
@@ -596,10 +584,12 @@ pub(crate) fn tcp_chain(spec: &ChainSpec<'_>, s: &ListenerSettings<'_>) -> Chain
 }
 
 /// `direct-tcp` and `direct-http` (§2.2): traffic for a bound workload's own IP, sent on to
-/// it through `encap`, with the waypoint's own policies.
+/// it through `encap`, with the waypoint's own policies (and, on HTTP, its own
+/// RequestAuthentications' `jwt_authn`).
 pub(crate) fn direct_chains(
     rbac_tcp: &[crate::pb::envoy::config::rbac::v3::Rbac],
     rbac_http: &[crate::pb::envoy::config::rbac::v3::Rbac],
+    jwt_http: Option<&JwtAuthentication>,
     s: &ListenerSettings<'_>,
 ) -> [Chain; 2] {
     let authority = network_filter(
@@ -639,21 +629,7 @@ pub(crate) fn direct_chains(
     }
     tcp_filters.extend(rbac_tcp.iter().map(network_rbac));
     tcp_filters.push(tcp_proxy(ENCAP, ENCAP, &ChainTraffic::default()));
-    let mut http_filters: Vec<HttpFilter> = rbac_http
-        .iter()
-        .map(|rules| {
-            http_filter(
-                "envoy.filters.http.rbac",
-                any(
-                    envoy::HTTP_RBAC,
-                    &crate::pb::envoy::extensions::filters::http::rbac::v3::Rbac {
-                        rules: Some(rules.clone()),
-                        ..Default::default()
-                    },
-                ),
-            )
-        })
-        .collect();
+    let mut http_filters = auth_filters(jwt_http, rbac_http);
     http_filters.push(router());
     let route_config = RouteConfiguration {
         name: ENCAP.into(),
@@ -699,6 +675,36 @@ pub(crate) fn direct_chains(
             },
         },
     ]
+}
+
+/// The filters an HTTP chain starts with (§2.2's order): `jwt_authn`, then one RBAC filter
+/// per action. Each RBAC filter counts the rules that matched by name
+/// (`http.<prefix>rbac.policy.<rule>.allowed|denied` in Envoy's stats), which istiod does not
+/// ask for: a denial then names its policy without an access log.
+fn auth_filters(
+    jwt: Option<&JwtAuthentication>,
+    rbac: &[crate::pb::envoy::config::rbac::v3::Rbac],
+) -> Vec<HttpFilter> {
+    let jwt = jwt.map(|config| {
+        http_filter(
+            crate::waypoint::jwt::JWT_AUTHN,
+            any(envoy::JWT_AUTHN, config),
+        )
+    });
+    let rbac = rbac.iter().map(|rules| {
+        http_filter(
+            "envoy.filters.http.rbac",
+            any(
+                envoy::HTTP_RBAC,
+                &crate::pb::envoy::extensions::filters::http::rbac::v3::Rbac {
+                    rules: Some(rules.clone()),
+                    track_per_rule_stats: true,
+                    ..Default::default()
+                },
+            ),
+        )
+    });
+    jwt.into_iter().chain(rbac).collect()
 }
 
 fn http_manager(

@@ -17,15 +17,21 @@
 //! | `destination_rule` | which DestinationRule applies to a bound service, and a port's policy |
 //! | `traffic_policy` | that policy on an `inbound-vip` cluster (LB, limits, outlier, TLS) |
 //! | `endpoints` | each `inbound-vip` cluster's ClusterLoadAssignment |
+//! | `attach` | which `targetRefs` policies attach to which chain |
 //! | `rbac` | AuthorizationPolicies with `targetRefs` as Envoy RBAC |
+//! | `jwt` | RequestAuthentications with `targetRefs` as `jwt_authn`, and RBAC's JWT principals |
+//! | `key_set` | whether Envoy accepts a key set inline |
 //! | `config` | the whole config, and its incremental update |
 
+mod attach;
 mod bound;
 mod clusters;
 mod config;
 mod destination_rule;
 mod endpoints;
 mod envoy;
+mod jwt;
+mod key_set;
 mod listeners;
 mod proxy;
 mod rbac;
@@ -36,6 +42,7 @@ mod tests;
 
 pub use bound::{Bound, WaypointKey};
 pub use config::{ConfigId, Rebuild, WaypointConfig};
+pub use key_set::check_key_set;
 pub use proxy::{Extensions, GATEWAY_NAME_LABEL, WaypointProxy};
 
 /// The mesh settings a waypoint's config depends on.

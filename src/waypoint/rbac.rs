@@ -1,25 +1,35 @@
 //! AuthorizationPolicies with `targetRefs` -> Envoy RBAC on a waypoint's chains
-//! (spec/waypoint.md §5.1–§5.2): which policies attach to which chain, and the translation.
+//! (spec/waypoint.md §5.2), as istiod's `pilot/pkg/security/authz/model` translates them. Which
+//! policies attach to which chain is `attach`.
 //!
-//! Identities are matched on the filter state `io.istio.peer_principal` that `connect_terminate`
-//! sets from the HBONE client's certificate (the mTLS peer lives on the outer connection), as
-//! istiod does with `UseFilterState`. Policy names are istiod's: `ns[<ns>]-policy[<name>]-rule[<i>]`.
+//! - Identities (`principals`, `namespaces`, `serviceAccounts`, `trustDomains`, `source.*`)
+//!   match the filter state `io.istio.peer_principal` that `connect_terminate` sets from the
+//!   HBONE client's certificate (the mTLS peer lives on the outer connection), as istiod does
+//!   with `UseFilterState`.
+//! - On HTTP chains: `methods`, `paths` (with `{*}`/`{**}` templates), `hosts`,
+//!   `remoteIpBlocks`, `request.headers[…]`, and what the chain's `jwt_authn` filter verified:
+//!   `requestPrincipals`, `request.auth.principal`, `request.auth.audiences`,
+//!   `request.auth.presenter` and `request.auth.claims[…]` match its payload in the dynamic
+//!   metadata (`jwt`). A request without a token has no payload and matches none of them.
+//! - Policy names are istiod's: `ns[<ns>]-policy[<name>]-rule[<i>]`.
 //!
 //! What this translator cannot express fails closed, as istiod does: in an ALLOW policy the
 //! rule is dropped (it allows less), in a DENY policy only that condition is dropped (it denies
-//! more). Request principals and `request.auth.*` (JWT, RequestAuthentication) are not yet
-//! expressed; HTTP attributes (methods, paths, hosts, request headers) are expressed on HTTP
-//! chains and are unusable on TCP chains.
+//! more). That covers every HTTP attribute (JWT ones included) on a TCP chain, the
+//! `experimental.envoy.filters.*` conditions, and values Envoy would refuse (an empty header
+//! or claim name, a malformed path template, an unparsable IP or port).
 
 use std::collections::BTreeMap;
 
 use crate::discovery::model::{AuthorizationPolicy, Condition, Operation, PolicyAction, Source};
-use crate::pb::envoy::config::core::v3::CidrRange;
+use crate::pb::envoy::config::core::v3::{CidrRange, TypedExtensionConfig};
 use crate::pb::envoy::config::rbac::v3 as rbac;
 use crate::pb::envoy::config::route::v3::{HeaderMatcher, header_matcher};
+use crate::pb::envoy::extensions::path::r#match::uri_template::v3::UriTemplateMatchConfig;
 use crate::pb::envoy::r#type::matcher::v3::{FilterStateMatcher, PathMatcher, StringMatcher};
 use crate::pb::envoy::r#type::matcher::v3::{filter_state_matcher, path_matcher};
-use crate::waypoint::envoy::{exact, prefix_match, regex_match, suffix_match, uint32};
+use crate::waypoint::envoy::{self, exact, prefix_match, regex_match, suffix_match, uint32};
+use crate::waypoint::jwt;
 
 /// The filter-state key holding the HBONE client's SPIFFE id.
 pub(crate) const PEER_PRINCIPAL: &str = "io.istio.peer_principal";
@@ -29,71 +39,6 @@ pub(crate) const PEER_PRINCIPAL: &str = "io.istio.peer_principal";
 pub(crate) enum ChainKind {
     Http,
     Tcp,
-}
-
-/// What a chain serves, for attachment.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Target<'a> {
-    /// A bound service's chains: its namespace, its name, and whether it is a Kubernetes
-    /// Service (else a ServiceEntry).
-    Service {
-        namespace: &'a str,
-        name: &'a str,
-        kubernetes: bool,
-    },
-    /// The direct workload chains: policies on the waypoint as a whole only.
-    Waypoint,
-}
-
-/// Where a waypoint's policies attach from.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Attachment<'a> {
-    /// The waypoint's namespace and Gateway name.
-    pub(crate) namespace: &'a str,
-    pub(crate) gateway: &'a str,
-    /// The mesh's root namespace (GatewayClass policies live there).
-    pub(crate) root_namespace: &'a str,
-}
-
-const GATEWAY_GROUP: &str = "gateway.networking.k8s.io";
-const ISTIO_NETWORKING_GROUP: &str = "networking.istio.io";
-const WAYPOINT_CLASS: &str = "istio-waypoint";
-
-impl Attachment<'_> {
-    /// Whether `policy` applies to a chain serving `target` (istiod's `ShouldAttachPolicy`
-    /// for a waypoint proxy).
-    pub(crate) fn attaches(&self, policy: &AuthorizationPolicy, target: Target<'_>) -> bool {
-        policy.target_refs.iter().any(|t| {
-            let same_namespace = t.namespace.is_empty() || t.namespace == policy.namespace;
-            match (t.kind.as_str(), t.group.as_str(), target) {
-                ("Gateway", GATEWAY_GROUP, _) => {
-                    same_namespace && policy.namespace == self.namespace && t.name == self.gateway
-                }
-                ("GatewayClass", GATEWAY_GROUP, _) => {
-                    policy.namespace == self.root_namespace && t.name == WAYPOINT_CLASS
-                }
-                (
-                    "Service",
-                    "" | "core",
-                    Target::Service {
-                        namespace,
-                        name,
-                        kubernetes: true,
-                    },
-                ) => same_namespace && policy.namespace == namespace && t.name == name,
-                (
-                    "ServiceEntry",
-                    ISTIO_NETWORKING_GROUP,
-                    Target::Service {
-                        namespace,
-                        name,
-                        kubernetes: false,
-                    },
-                ) => same_namespace && policy.namespace == namespace && t.name == name,
-                _ => false,
-            }
-        })
-    }
 }
 
 /// The RBAC configs of one chain, in filter order: DENY, then ALLOW (AUDIT is not enforced
@@ -130,8 +75,12 @@ pub(crate) fn chain_rbac<'a>(
             continue;
         }
         for (i, rule) in policy.rules.iter().enumerate() {
-            let built =
-                Rule { action, kind }.build(&rule.from, &rule.to, &rule.when, &policy.namespace);
+            let built = Rule {
+                action,
+                kind,
+                namespace: &policy.namespace,
+            }
+            .build(&rule.from, &rule.to, &rule.when);
             if let Some(built) = built {
                 out.insert(rule_name(policy, i), built);
             }
@@ -165,25 +114,21 @@ enum Action {
     Deny,
 }
 
-/// One rule's translation, under its policy's action and its chain's kind.
-struct Rule {
+/// One rule's translation, under its policy's action and namespace and its chain's kind.
+struct Rule<'a> {
     action: Action,
     kind: ChainKind,
+    /// The policy's namespace (a bare service account is in it).
+    namespace: &'a str,
 }
 
 /// An attribute this chain cannot match: the rule is dropped (ALLOW), or the attribute is
 /// (DENY).
 struct Unsupported;
 
-impl Rule {
+impl Rule<'_> {
     /// The RBAC policy for one rule, `None` when it must be dropped.
-    fn build(
-        &self,
-        from: &[Source],
-        to: &[Operation],
-        when: &[Condition],
-        namespace: &str,
-    ) -> Option<rbac::Policy> {
+    fn build(&self, from: &[Source], to: &[Operation], when: &[Condition]) -> Option<rbac::Policy> {
         // Conditions split into the principal side and the permission side.
         let mut when_ids = Vec::new();
         let mut when_rules = Vec::new();
@@ -200,8 +145,11 @@ impl Rule {
             .iter()
             .chain(from.is_empty().then(Source::default).as_ref())
         {
-            let mut ids = self.source(source, namespace)?;
+            let mut ids = self.source(source)?;
             ids.extend(when_ids.iter().cloned());
+            if ids.is_empty() {
+                ids.push(any_principal());
+            }
             principals.push(and_ids(ids));
         }
         let mut permissions = Vec::new();
@@ -211,6 +159,9 @@ impl Rule {
         {
             let mut rules = self.operation(operation)?;
             rules.extend(when_rules.iter().cloned());
+            if rules.is_empty() {
+                rules.push(any_permission());
+            }
             permissions.push(and_rules(rules));
         }
         Some(rbac::Policy {
@@ -228,226 +179,199 @@ impl Rule {
         }
     }
 
-    fn source(&self, s: &Source, namespace: &str) -> Option<Vec<rbac::Principal>> {
-        let mut ids = Vec::new();
-        let mut add = |positive: bool, matchers: Vec<rbac::Principal>| {
-            if matchers.is_empty() {
-                return;
-            }
-            let any_of = or_ids(matchers);
-            ids.push(if positive { any_of } else { not_id(any_of) });
-        };
-        add(
-            true,
-            s.principals.iter().map(|p| peer(principal(p))).collect(),
-        );
-        add(
-            false,
-            s.not_principals
-                .iter()
-                .map(|p| peer(principal(p)))
-                .collect(),
-        );
-        add(
-            true,
-            s.namespaces.iter().map(|n| peer(in_namespace(n))).collect(),
-        );
-        add(
-            false,
-            s.not_namespaces
-                .iter()
-                .map(|n| peer(in_namespace(n)))
-                .collect(),
-        );
-        add(
-            true,
-            s.service_accounts
-                .iter()
-                .map(|a| peer(service_account(a, namespace)))
-                .collect(),
-        );
-        add(
-            false,
-            s.not_service_accounts
-                .iter()
-                .map(|a| peer(service_account(a, namespace)))
-                .collect(),
-        );
-        add(
-            true,
-            s.trust_domains
-                .iter()
-                .map(|t| peer(trust_domain(t)))
-                .collect(),
-        );
-        add(
-            false,
-            s.not_trust_domains
-                .iter()
-                .map(|t| peer(trust_domain(t)))
-                .collect(),
-        );
-        let blocks = |list: &[String], remote: bool| -> Result<Vec<rbac::Principal>, Unsupported> {
-            list.iter()
-                .map(|b| {
-                    let range = cidr(b).ok_or(Unsupported)?;
-                    Ok(principal_of(if remote {
-                        rbac::principal::Identifier::RemoteIp(range)
-                    } else {
-                        rbac::principal::Identifier::DirectRemoteIp(range)
-                    }))
-                })
-                .collect()
-        };
-        let positive_ips = self.field(blocks(&s.ip_blocks, false))?;
-        let negative_ips = self.field(blocks(&s.not_ip_blocks, false))?;
-        let (positive_remote, negative_remote) = if self.kind == ChainKind::Http {
-            (
-                self.field(blocks(&s.remote_ip_blocks, true))?,
-                self.field(blocks(&s.not_remote_ip_blocks, true))?,
-            )
-        } else {
-            let unusable = |l: &[String]| {
-                if l.is_empty() {
-                    Ok(vec![])
-                } else {
-                    Err(Unsupported)
-                }
-            };
-            (
-                self.field(unusable(&s.remote_ip_blocks))?,
-                self.field(unusable(&s.not_remote_ip_blocks))?,
-            )
-        };
-        if !s.request_principals.is_empty() || !s.not_request_principals.is_empty() {
-            self.field::<rbac::Principal>(Err(Unsupported))?;
+    /// Each value's matcher, or [`Unsupported`] when the chain cannot match the attribute or
+    /// a value cannot be expressed.
+    fn each<T>(
+        &self,
+        values: &[String],
+        http_only: bool,
+        f: impl Fn(&str) -> Option<T>,
+    ) -> Result<Vec<T>, Unsupported> {
+        if values.is_empty() {
+            return Ok(Vec::new());
         }
-        add(true, positive_ips);
-        add(false, negative_ips);
-        add(true, positive_remote);
-        add(false, negative_remote);
-        if ids.is_empty() {
-            ids.push(any_principal());
+        if http_only && self.kind != ChainKind::Http {
+            return Err(Unsupported);
+        }
+        values.iter().map(|v| f(v).ok_or(Unsupported)).collect()
+    }
+
+    /// The principal side of one `from.source`: an AND of its fields (each an OR of its
+    /// values, or the negation of one); empty when it has none.
+    fn source(&self, s: &Source) -> Option<Vec<rbac::Principal>> {
+        let mut ids = Vec::new();
+        // (values, negated, HTTP only, matcher of one value)
+        type One<'f> = &'f dyn Fn(&str) -> Option<rbac::Principal>;
+        let peer_principal: One = &|p| Some(peer(principal(p)));
+        let namespace: One = &|n| Some(peer(in_namespace(n)));
+        let account: One = &|a| Some(peer(service_account(a, self.namespace)));
+        let domain: One = &|t| Some(peer(trust_domain(t)));
+        let direct_ip: One = &|b| {
+            cidr(b).map(|range| principal_of(rbac::principal::Identifier::DirectRemoteIp(range)))
+        };
+        let remote_ip: One =
+            &|b| cidr(b).map(|range| principal_of(rbac::principal::Identifier::RemoteIp(range)));
+        let fields: [(&[String], bool, bool, One); 12] = [
+            (&s.principals, false, false, peer_principal),
+            (&s.not_principals, true, false, peer_principal),
+            (&s.namespaces, false, false, namespace),
+            (&s.not_namespaces, true, false, namespace),
+            (&s.service_accounts, false, false, account),
+            (&s.not_service_accounts, true, false, account),
+            (&s.trust_domains, false, false, domain),
+            (&s.not_trust_domains, true, false, domain),
+            (&s.ip_blocks, false, false, direct_ip),
+            (&s.not_ip_blocks, true, false, direct_ip),
+            (&s.remote_ip_blocks, false, true, remote_ip),
+            (&s.not_remote_ip_blocks, true, true, remote_ip),
+        ];
+        for (values, negated, http_only, one) in fields {
+            let matchers = self.field(self.each(values, http_only, one))?;
+            if !matchers.is_empty() {
+                let any_of = or_ids(matchers);
+                ids.push(if negated { not_id(any_of) } else { any_of });
+            }
+        }
+        // Request principals are matched all at once (istiod's extended generator: no OR
+        // around a single value).
+        for (values, negated) in [
+            (&s.request_principals, false),
+            (&s.not_request_principals, true),
+        ] {
+            let matched = self.field(self.jwt(values, jwt::request_principals))?;
+            ids.extend(
+                matched
+                    .into_iter()
+                    .map(|m| if negated { not_id(m) } else { m }),
+            );
         }
         Some(ids)
     }
 
+    /// A JWT attribute's one matcher for all its values: only on HTTP chains, after the
+    /// chain's `jwt_authn` filter.
+    fn jwt(
+        &self,
+        values: &[String],
+        f: impl Fn(&[String]) -> rbac::Principal,
+    ) -> Result<Vec<rbac::Principal>, Unsupported> {
+        match (values.is_empty(), self.kind) {
+            (true, _) => Ok(Vec::new()),
+            (false, ChainKind::Http) => Ok(vec![f(values)]),
+            (false, ChainKind::Tcp) => Err(Unsupported),
+        }
+    }
+
+    /// The permission side of one `to.operation`; empty when it has no field.
     fn operation(&self, o: &Operation) -> Option<Vec<rbac::Permission>> {
         let mut rules = Vec::new();
-        let mut add = |positive: bool, matchers: Vec<rbac::Permission>| {
-            if matchers.is_empty() {
-                return;
+        type One<'f> = &'f dyn Fn(&str) -> Option<rbac::Permission>;
+        let port: One =
+            &|p| port(p).map(|p| permission_of(rbac::permission::Rule::DestinationPort(p)));
+        let method: One = &|m| {
+            Some(permission_of(rbac::permission::Rule::Header(
+                header_wildcard(":method", m, false)?,
+            )))
+        };
+        let path: One = &path_permission;
+        let host: One = &|h| {
+            Some(permission_of(rbac::permission::Rule::Header(
+                header_wildcard(":authority", h, true)?,
+            )))
+        };
+        let fields: [(&[String], bool, bool, One); 8] = [
+            (&o.ports, false, false, port),
+            (&o.not_ports, true, false, port),
+            (&o.methods, false, true, method),
+            (&o.not_methods, true, true, method),
+            (&o.paths, false, true, path),
+            (&o.not_paths, true, true, path),
+            (&o.hosts, false, true, host),
+            (&o.not_hosts, true, true, host),
+        ];
+        for (values, negated, http_only, one) in fields {
+            let matchers = self.field(self.each(values, http_only, one))?;
+            if !matchers.is_empty() {
+                let any_of = or_rules(matchers);
+                rules.push(if negated { not_rule(any_of) } else { any_of });
             }
-            let any_of = or_rules(matchers);
-            rules.push(if positive { any_of } else { not_rule(any_of) });
-        };
-        let ports = |list: &[String]| -> Result<Vec<rbac::Permission>, Unsupported> {
-            list.iter()
-                .map(|p| {
-                    let port: u32 = p.parse().map_err(|_| Unsupported)?;
-                    Ok(permission_of(rbac::permission::Rule::DestinationPort(port)))
-                })
-                .collect()
-        };
-        let http = self.kind == ChainKind::Http;
-        let l7 = |list: &[String], f: &dyn Fn(&str) -> rbac::Permission| {
-            if list.is_empty() {
-                Ok(Vec::new())
-            } else if http {
-                Ok(list.iter().map(|v| f(v)).collect())
-            } else {
-                Err(Unsupported)
-            }
-        };
-        let method = |m: &str| header_permission(":method", exact(m));
-        let host = |h: &str| header_permission(":authority", host_match(h));
-        let path = |p: &str| {
-            permission_of(rbac::permission::Rule::UrlPath(PathMatcher {
-                rule: Some(path_matcher::Rule::Path(wildcard_match(p))),
-            }))
-        };
-        add(true, self.field(ports(&o.ports))?);
-        add(false, self.field(ports(&o.not_ports))?);
-        add(true, self.field(l7(&o.methods, &method))?);
-        add(false, self.field(l7(&o.not_methods, &method))?);
-        add(true, self.field(l7(&o.paths, &path))?);
-        add(false, self.field(l7(&o.not_paths, &path))?);
-        add(true, self.field(l7(&o.hosts, &host))?);
-        add(false, self.field(l7(&o.not_hosts, &host))?);
-        if rules.is_empty() {
-            rules.push(any_permission());
         }
         Some(rules)
     }
 
     /// One `when` condition on the principal or the permission side.
     fn condition(&self, c: &Condition) -> Result<Side, Unsupported> {
-        let principals = |f: &dyn Fn(&str) -> Result<rbac::Principal, Unsupported>| {
+        let (values, not_values) = (&c.values[..], &c.not_values[..]);
+        // Each value its own matcher: an OR of the values, and NOT an OR of the not-values.
+        let principals = |http_only: bool, f: &dyn Fn(&str) -> Option<rbac::Principal>| {
             let mut ids = Vec::new();
-            let values: Vec<_> = c.values.iter().map(|v| f(v)).collect::<Result<_, _>>()?;
-            let not_values: Vec<_> = c
-                .not_values
-                .iter()
-                .map(|v| f(v))
-                .collect::<Result<_, _>>()?;
-            if !values.is_empty() {
-                ids.push(or_ids(values));
+            let positive = self.each(values, http_only, f)?;
+            let negative = self.each(not_values, http_only, f)?;
+            if !positive.is_empty() {
+                ids.push(or_ids(positive));
             }
-            if !not_values.is_empty() {
-                ids.push(not_id(or_ids(not_values)));
+            if !negative.is_empty() {
+                ids.push(not_id(or_ids(negative)));
             }
             Ok(Side::Principal(ids))
         };
-        let permissions = |f: &dyn Fn(&str) -> Result<rbac::Permission, Unsupported>| {
+        let permissions = |f: &dyn Fn(&str) -> Option<rbac::Permission>| {
             let mut rules = Vec::new();
-            let values: Vec<_> = c.values.iter().map(|v| f(v)).collect::<Result<_, _>>()?;
-            let not_values: Vec<_> = c
-                .not_values
-                .iter()
-                .map(|v| f(v))
-                .collect::<Result<_, _>>()?;
-            if !values.is_empty() {
-                rules.push(or_rules(values));
+            let positive = self.each(values, false, f)?;
+            let negative = self.each(not_values, false, f)?;
+            if !positive.is_empty() {
+                rules.push(or_rules(positive));
             }
-            if !not_values.is_empty() {
-                rules.push(not_rule(or_rules(not_values)));
+            if !negative.is_empty() {
+                rules.push(not_rule(or_rules(negative)));
             }
             Ok(Side::Permission(rules))
         };
-        let http = self.kind == ChainKind::Http;
+        // One matcher for all the values (istiod's extended generators, the JWT ones).
+        let jwt = |f: &dyn Fn(&[String]) -> rbac::Principal| {
+            let mut ids = self.jwt(values, f)?;
+            ids.extend(self.jwt(not_values, f)?.into_iter().map(not_id));
+            Ok(Side::Principal(ids))
+        };
         match c.key.as_str() {
-            "source.ip" => principals(&|v| {
-                Ok(principal_of(rbac::principal::Identifier::DirectRemoteIp(
-                    cidr(v).ok_or(Unsupported)?,
-                )))
+            "source.ip" => principals(false, &|v| {
+                cidr(v).map(|r| principal_of(rbac::principal::Identifier::DirectRemoteIp(r)))
             }),
-            "remote.ip" if http => principals(&|v| {
-                Ok(principal_of(rbac::principal::Identifier::RemoteIp(
-                    cidr(v).ok_or(Unsupported)?,
-                )))
+            "remote.ip" => principals(true, &|v| {
+                cidr(v).map(|r| principal_of(rbac::principal::Identifier::RemoteIp(r)))
             }),
-            "source.namespace" => principals(&|v| Ok(peer(in_namespace(v)))),
-            "source.principal" => principals(&|v| Ok(peer(principal(v)))),
+            "source.namespace" => principals(false, &|v| Some(peer(in_namespace(v)))),
+            "source.principal" => principals(false, &|v| Some(peer(principal(v)))),
+            "source.serviceAccount" => {
+                principals(false, &|v| Some(peer(service_account(v, self.namespace))))
+            }
+            "source.trustDomain" => principals(false, &|v| Some(peer(trust_domain(v)))),
             "destination.ip" => permissions(&|v| {
-                Ok(permission_of(rbac::permission::Rule::DestinationIp(
-                    cidr(v).ok_or(Unsupported)?,
-                )))
+                cidr(v).map(|r| permission_of(rbac::permission::Rule::DestinationIp(r)))
             }),
             "destination.port" => permissions(&|v| {
-                Ok(permission_of(rbac::permission::Rule::DestinationPort(
-                    v.parse().map_err(|_| Unsupported)?,
-                )))
+                port(v).map(|p| permission_of(rbac::permission::Rule::DestinationPort(p)))
             }),
             "connection.sni" => permissions(&|v| {
-                Ok(permission_of(rbac::permission::Rule::RequestedServerName(
+                Some(permission_of(rbac::permission::Rule::RequestedServerName(
                     wildcard_match(v),
                 )))
             }),
-            key if http && key.starts_with("request.headers[") && key.ends_with(']') => {
-                let name = &key["request.headers[".len()..key.len() - 1];
-                principals(&|v| {
-                    Ok(principal_of(rbac::principal::Identifier::Header(
-                        header_matcher(name, wildcard_match(v)),
+            "request.auth.principal" => jwt(&jwt::request_principals),
+            "request.auth.audiences" => jwt(&|v| jwt::claim_principal(&["aud"], v)),
+            "request.auth.presenter" => jwt(&|v| jwt::claim_principal(&["azp"], v)),
+            key if key.starts_with(REQUEST_CLAIMS) => {
+                let names = jwt::claim_names(&key[REQUEST_CLAIMS.len()..]).ok_or(Unsupported)?;
+                jwt(&|v| jwt::claim_principal(&names, v))
+            }
+            key if key.starts_with(REQUEST_HEADERS) => {
+                let name = key[REQUEST_HEADERS.len()..]
+                    .strip_prefix('[')
+                    .and_then(|k| k.strip_suffix(']'))
+                    .ok_or(Unsupported)?;
+                principals(true, &|v| {
+                    Some(principal_of(rbac::principal::Identifier::Header(
+                        header_wildcard(name, v, false)?,
                     )))
                 })
             }
@@ -455,6 +379,9 @@ impl Rule {
         }
     }
 }
+
+const REQUEST_CLAIMS: &str = "request.auth.claims";
+const REQUEST_HEADERS: &str = "request.headers";
 
 enum Side {
     Principal(Vec<rbac::Principal>),
@@ -475,18 +402,37 @@ fn principal(value: &str) -> StringMatcher {
     }
 }
 
+/// `N` -> any identity in namespace `N`; `*` in `N` matches any run of characters.
 fn in_namespace(namespace: &str) -> StringMatcher {
-    regex_match(&format!(".*/ns/{}/.*", regex_escape(namespace)))
+    let pattern: Vec<String> = namespace.split('*').map(regex_escape).collect();
+    regex_match(&format!(".*/ns/{}/.*", pattern.join(".*")))
 }
 
-/// `ns/sa`, or a bare `sa` in the policy's namespace.
+/// `ns/sa`, or a bare `sa` in the policy's namespace (istiod's `serviceAccountRegex`: other
+/// key/value pairs may sit between and after).
 fn service_account(account: &str, namespace: &str) -> StringMatcher {
     let (ns, sa) = account.split_once('/').unwrap_or((namespace, account));
-    suffix_match(&format!("/ns/{ns}/sa/{sa}"))
+    regex_match(&format!(
+        "spiffe://.+/ns/{}/(.+/|)sa/{}(/.+)?",
+        regex_escape(ns),
+        regex_escape(sa)
+    ))
 }
 
+/// `T` -> identities of trust domain `T`; `*` alone any; one `*` inside matches within the
+/// domain name.
 fn trust_domain(domain: &str) -> StringMatcher {
-    prefix_match(&format!("spiffe://{domain}/"))
+    if domain == "*" {
+        prefix_match("spiffe://")
+    } else if let Some((before, after)) = domain.split_once('*') {
+        regex_match(&format!(
+            "spiffe://{}[^/]*{}/.*",
+            regex_escape(before),
+            regex_escape(after)
+        ))
+    } else {
+        prefix_match(&format!("spiffe://{domain}/"))
+    }
 }
 
 fn regex_escape(text: &str) -> String {
@@ -513,25 +459,82 @@ fn wildcard_match(value: &str) -> StringMatcher {
     }
 }
 
-/// Hosts compare without case, and with or without a port.
-fn host_match(value: &str) -> StringMatcher {
-    let mut m = wildcard_match(value);
-    m.ignore_case = true;
-    m
-}
-
-fn header_matcher(name: &str, matcher: StringMatcher) -> HeaderMatcher {
-    HeaderMatcher {
-        name: name.into(),
-        header_match_specifier: Some(header_matcher::HeaderMatchSpecifier::StringMatch(matcher)),
-        ..Default::default()
+/// A header matched as istiod's `HeaderMatcher` (and, ignoring case, `HostMatcher`): `*` is
+/// presence, `*x` a suffix, `x*` a prefix, else exact. `None` for a name Envoy would refuse.
+fn header_wildcard(name: &str, value: &str, ignore_case: bool) -> Option<HeaderMatcher> {
+    if !is_header_name(name) {
+        return None;
     }
+    let specifier = if value == "*" {
+        header_matcher::HeaderMatchSpecifier::PresentMatch(true)
+    } else {
+        let mut m = wildcard_match(value);
+        m.ignore_case = ignore_case;
+        header_matcher::HeaderMatchSpecifier::StringMatch(m)
+    };
+    Some(HeaderMatcher {
+        name: name.into(),
+        header_match_specifier: Some(specifier),
+        ..Default::default()
+    })
 }
 
-fn header_permission(name: &str, matcher: StringMatcher) -> rbac::Permission {
-    permission_of(rbac::permission::Rule::Header(header_matcher(
-        name, matcher,
+/// A header name Envoy accepts: not empty, and no NUL, CR, LF, or `:` after the first
+/// character (pseudo-headers such as `:method` start with one).
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.contains(['\0', '\r', '\n'])
+        && !name.get(1..).is_some_and(|rest| rest.contains(':'))
+}
+
+/// A path, or a path template (`{*}` one segment, `{**}` the rest) matched with Envoy's URI
+/// template matcher as istiod does. `None` for a template istiod's validation refuses, and
+/// for `{`/`}` elsewhere (a template this cannot read).
+fn path_permission(path: &str) -> Option<rbac::Permission> {
+    const ONE: &str = "{*}";
+    const ANY: &str = "{**}";
+    if !path.contains(['{', '}']) {
+        return Some(permission_of(rbac::permission::Rule::UrlPath(
+            PathMatcher {
+                rule: Some(path_matcher::Rule::Path(wildcard_match(path))),
+            },
+        )));
+    }
+    if !path.starts_with('/') || path.len() > 256 {
+        return None;
+    }
+    let mut seen_any = false;
+    for segment in path.trim_matches('/').split('/') {
+        match segment {
+            ONE | ANY if seen_any => return None,
+            ONE => {}
+            ANY => seen_any = true,
+            literal if !literal.is_empty() && literal.chars().all(is_path_literal) => {}
+            _ => return None,
+        }
+    }
+    let template = path.replace(ANY, "**").replace(ONE, "*");
+    Some(permission_of(rbac::permission::Rule::UriTemplate(
+        TypedExtensionConfig {
+            name: "uri-template".into(),
+            typed_config: Some(envoy::any(
+                envoy::URI_TEMPLATE_MATCH,
+                &UriTemplateMatchConfig {
+                    path_template: template,
+                },
+            )),
+        },
     )))
+}
+
+/// A path segment's literal character in a template (RFC 3986 `pchar`, as istiod checks it).
+fn is_path_literal(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "-._~%!$&'()+,;:@=".contains(c)
+}
+
+/// A port number (0–65535).
+fn port(text: &str) -> Option<u32> {
+    text.parse::<u16>().ok().map(u32::from)
 }
 
 /// `10.0.0.0/8` or a bare IP (a /32 or /128).
@@ -610,3 +613,6 @@ fn or_rules(rules: Vec<rbac::Permission>) -> rbac::Permission {
 fn not_rule(rule: rbac::Permission) -> rbac::Permission {
     permission_of(rbac::permission::Rule::NotRule(Box::new(rule)))
 }
+
+#[cfg(test)]
+mod tests;

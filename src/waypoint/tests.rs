@@ -21,7 +21,7 @@ use crate::waypoint::{
 
 /// §10's inputs: a waypoint in `default`, the `reviews` Service bound to it with one ambient
 /// pod and one not enrolled, and an ALLOW policy on GET for reviews.
-const WORKED_EXAMPLE: &str = r#"
+pub(crate) const WORKED_EXAMPLE: &str = r#"
 apiVersion: v1
 kind: Namespace
 metadata: {name: default}
@@ -96,14 +96,14 @@ spec:
   rules: [{to: [{operation: {methods: [GET]}}]}]
 "#;
 
-fn objects(yaml: &str) -> Vec<Object> {
+pub(crate) fn objects(yaml: &str) -> Vec<Object> {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("mesh.yaml");
     std::fs::write(&path, yaml).expect("write");
     crate::kube::manifests::read_file(&path).expect("manifests")
 }
 
-fn index(yaml: &str) -> Index {
+pub(crate) fn index(yaml: &str) -> Index {
     let mut index = Index::new(Settings::default());
     for object in objects(yaml) {
         index.handle(Event::Apply(object));
@@ -139,7 +139,7 @@ fn node(id: &str, gateway: &str) -> Node {
     }
 }
 
-fn proxy() -> WaypointProxy {
+pub(crate) fn proxy() -> WaypointProxy {
     WaypointProxy::from_node(&node(
         "waypoint~10.244.1.5~waypoint-5d8f-x2.default~default.svc.cluster.local",
         "waypoint",
@@ -147,14 +147,14 @@ fn proxy() -> WaypointProxy {
     .unwrap()
 }
 
-fn config_of(snapshot: &Snapshot, proxy: &WaypointProxy) -> (ConfigId, WaypointConfig) {
+pub(crate) fn config_of(snapshot: &Snapshot, proxy: &WaypointProxy) -> (ConfigId, WaypointConfig) {
     let settings = WaypointSettings::default();
     let id = ConfigId::of(proxy, snapshot, &settings.domain);
     let config = WaypointConfig::build(&id, snapshot, &settings);
     (id, config)
 }
 
-fn listener(config: &WaypointConfig, name: &str) -> Listener {
+pub(crate) fn listener(config: &WaypointConfig, name: &str) -> Listener {
     Listener::decode(config.listeners[name].value()).unwrap()
 }
 
@@ -163,14 +163,14 @@ fn names<T>(map: &std::collections::BTreeMap<crate::discovery::snapshot::Name, T
 }
 
 /// An encoded message's bytes contain `needle` (a type URL, a name).
-fn mentions(resource: &crate::discovery::Resource, needle: &str) -> bool {
+pub(crate) fn mentions(resource: &crate::discovery::Resource, needle: &str) -> bool {
     resource
         .value()
         .windows(needle.len())
         .any(|w| w == needle.as_bytes())
 }
 
-const REVIEWS_HTTP: &str = "inbound-vip|9080|http|reviews.default.svc.cluster.local";
+pub(crate) const REVIEWS_HTTP: &str = "inbound-vip|9080|http|reviews.default.svc.cluster.local";
 
 #[test]
 fn the_worked_example_gets_istiods_names_and_shapes() {

@@ -35,6 +35,7 @@ mod waypoint;
 mod waypoint_controller;
 mod waypoint_destination_rule;
 mod waypoint_harness;
+mod waypoint_jwt;
 mod waypoint_xds;
 mod xds;
 mod xds_flow;

@@ -282,6 +282,9 @@ impl Index {
                 targets.insert(Target::PeerAuthentication(key));
                 self.policy_scope(&pa.namespace, targets);
             }
+            // Read by waypoints only, from the snapshot (`Index::snapshot`): no ztunnel
+            // resource depends on them.
+            Object::RequestAuthentication(_) | Object::Jwks(_) => {}
             Object::ServiceEntry(se) => {
                 targets.insert(Target::EntryServices(key.clone()));
                 targets.extend(

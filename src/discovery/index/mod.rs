@@ -17,6 +17,7 @@ use foldhash::{HashMap, HashMapExt, HashSet};
 use crate::discovery::model::Key;
 use crate::discovery::model::authorization::{AuthorizationPolicy, REVISION_LABEL};
 use crate::discovery::model::destination_rule::DestinationRule;
+use crate::discovery::model::request_authentication::{Jwks, RequestAuthentication};
 use crate::discovery::model::status::PolicyStatus;
 use crate::discovery::model::status::{DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::model::visibility::ServiceEntryVisibility;
@@ -77,6 +78,11 @@ pub struct Index {
     /// them; they produce no ztunnel resource.
     destination_rules: Arc<[Arc<DestinationRule>]>,
     destination_rules_stale: bool,
+    /// RequestAuthentications with `targetRef(s)` and the fetched key sets, kept the same
+    /// way (`waypoint_authentication_stale`).
+    waypoint_authentications: Arc<[Arc<RequestAuthentication>]>,
+    jwks: Arc<[Arc<Jwks>]>,
+    waypoint_authentication_stale: bool,
     /// Resource names each target produced last time, sorted (most targets produce one: a
     /// boxed slice, where a `BTreeSet` would allocate a node of eleven). Pods have no entry
     /// here nor in `owners`: a pod's only resource is named from its key.
@@ -117,6 +123,9 @@ impl Index {
             waypoint_policies_stale: false,
             destination_rules: Arc::new([]),
             destination_rules_stale: false,
+            waypoint_authentications: Arc::new([]),
+            jwks: Arc::new([]),
+            waypoint_authentication_stale: false,
             produced: HashMap::new(),
             owners: HashMap::new(),
             policy_status: PersistentMap::default(),
@@ -179,8 +188,7 @@ impl Index {
             return Changes::default();
         }
         let reference = object.object_ref();
-        self.waypoint_policies_stale |= reference.kind == Kind::AuthorizationPolicy;
-        self.destination_rules_stale |= reference.kind == Kind::DestinationRule;
+        self.note_waypoint_input(reference.kind);
         let mut targets = BTreeSet::new();
         if let Some(old) = self.stored(&reference) {
             self.dependants(&old, &mut targets);
@@ -199,8 +207,7 @@ impl Index {
         let Some(old) = self.stored(reference) else {
             return Changes::default();
         };
-        self.waypoint_policies_stale |= reference.kind == Kind::AuthorizationPolicy;
-        self.destination_rules_stale |= reference.kind == Kind::DestinationRule;
+        self.note_waypoint_input(reference.kind);
         let mut targets = BTreeSet::new();
         self.dependants(&old, &mut targets);
         let network_before = self.store.network(&self.settings).to_string();
@@ -243,10 +250,15 @@ impl Index {
                 .filter(|(_, p)| p.has_target_refs)
                 .collect();
             policies.sort_by(|a, b| a.0.cmp(b.0));
-            self.waypoint_policies = policies
-                .into_iter()
-                .map(|(_, p)| Arc::new(p.clone()))
-                .collect();
+            let policies: Vec<&AuthorizationPolicy> =
+                policies.into_iter().map(|(_, p)| p).collect();
+            if !same_items(&self.waypoint_policies, &policies) {
+                self.waypoint_policies =
+                    policies.into_iter().map(|p| Arc::new(p.clone())).collect();
+            }
+        }
+        if std::mem::take(&mut self.waypoint_authentication_stale) {
+            self.refresh_waypoint_authentication();
         }
         if std::mem::take(&mut self.destination_rules_stale) {
             let mut rules: Vec<&DestinationRule> =
@@ -287,6 +299,8 @@ impl Index {
             by_waypoint: self.by_waypoint.clone(),
             waypoint_policies: self.waypoint_policies.clone(),
             destination_rules: self.destination_rules.clone(),
+            waypoint_authentications: self.waypoint_authentications.clone(),
+            jwks: self.jwks.clone(),
             history: self.history.clone(),
             policy_status: self.policy_status.clone(),
             statuses: self.statuses.clone(),
@@ -301,14 +315,57 @@ impl Index {
         self.service_count
     }
 
-    /// Whether there are changes not yet published.
+    /// Whether there are changes not yet published. A waypoint input (a policy, a
+    /// RequestAuthentication, a key set) counts even when no ztunnel resource or status
+    /// changed with it: waypoints read it from the next snapshot.
     pub(crate) fn has_unpublished(&self) -> bool {
-        // Waypoint policies and DestinationRules may change no resource of the index, only
-        // what waypoints build.
+        // Waypoint inputs (policies, DestinationRules, RequestAuthentications, key sets) may
+        // change no resource of the index, only what waypoints build.
         self.unpublished_overflow
             || !self.unpublished.is_empty()
             || self.waypoint_policies_stale
             || self.destination_rules_stale
+            || self.waypoint_authentication_stale
+    }
+
+    /// Marks what waypoints read from the snapshot as stale when an object of `kind` changes.
+    fn note_waypoint_input(&mut self, kind: Kind) {
+        match kind {
+            Kind::AuthorizationPolicy => self.waypoint_policies_stale = true,
+            Kind::DestinationRule => self.destination_rules_stale = true,
+            Kind::RequestAuthentication | Kind::Jwks => self.waypoint_authentication_stale = true,
+            _ => {}
+        }
+    }
+
+    /// Rebuilds the snapshot's RequestAuthentications with `targetRef(s)` (oldest first, as
+    /// istiod lists them) and key sets (by name), each shared again only if it changed.
+    fn refresh_waypoint_authentication(&mut self) {
+        let mut authentications: Vec<&RequestAuthentication> = self
+            .store
+            .request_authentications()
+            .values()
+            .filter(|ra| !ra.target_refs.is_empty())
+            .collect();
+        authentications.sort_by(|a, b| {
+            (a.creation.is_none(), &a.creation, &a.namespace, &a.name).cmp(&(
+                b.creation.is_none(),
+                &b.creation,
+                &b.namespace,
+                &b.name,
+            ))
+        });
+        if !same_items(&self.waypoint_authentications, &authentications) {
+            self.waypoint_authentications = authentications
+                .into_iter()
+                .map(|ra| Arc::new(ra.clone()))
+                .collect();
+        }
+        let mut jwks: Vec<&Jwks> = self.store.jwks().values().collect();
+        jwks.sort_by(|a, b| a.name.cmp(&b.name));
+        if !same_items(&self.jwks, &jwks) {
+            self.jwks = jwks.into_iter().map(|j| Arc::new(j.clone())).collect();
+        }
     }
 
     /// A copy of the stored object a reference names.
@@ -352,6 +409,12 @@ impl Index {
                 .get(&k)
                 .cloned()
                 .map(Object::DestinationRule),
+            Kind::RequestAuthentication => s
+                .request_authentications()
+                .get(&k)
+                .cloned()
+                .map(Object::RequestAuthentication),
+            Kind::Jwks => s.jwks().get(&r.name).cloned().map(Object::Jwks),
         }
     }
 
@@ -363,6 +426,7 @@ impl Index {
             Object::AuthorizationPolicy(p) => p.revision.as_deref(),
             Object::PeerAuthentication(p) => p.revision.as_deref(),
             Object::DestinationRule(r) => r.revision.as_deref(),
+            Object::RequestAuthentication(ra) => ra.revision.as_deref(),
             Object::ServiceEntry(se) => se.labels.get(REVISION_LABEL),
             // Not `we.labels`: those merge in `spec.labels`, which istiod's filter never reads.
             Object::WorkloadEntry(we) => we.revision.as_deref(),
@@ -703,6 +767,12 @@ fn remove_name<K: Hash + Ord + Clone + Borrow<Q>, Q: Hash + Ord + ?Sized>(
 /// (about 5 B a resource at most), and never less than [`MIN_HISTORY_NAMES`].
 fn history_budget(resources: usize) -> usize {
     (resources / 8).max(MIN_HISTORY_NAMES)
+}
+
+/// Whether a shared slice holds exactly `items`, in order: a stale flag set by a change that
+/// was undone (or by a selector-only object) then keeps the slice, and waypoints see no change.
+fn same_items<T: PartialEq>(shared: &[Arc<T>], items: &[&T]) -> bool {
+    shared.len() == items.len() && shared.iter().zip(items).all(|(a, b)| **a == **b)
 }
 
 /// Whether a resource (or its absence) is unchanged, by its value.

@@ -9,6 +9,7 @@ use crate::discovery::model::kinds::{
 };
 use crate::discovery::model::peer_authentication::PeerAuthentication;
 use crate::discovery::model::pod::Pod;
+use crate::discovery::model::request_authentication::{Jwks, RequestAuthentication};
 use crate::discovery::model::visibility::ServiceEntryVisibility;
 
 /// The kinds of object the index understands.
@@ -26,11 +27,15 @@ pub enum Kind {
     AuthorizationPolicy,
     PeerAuthentication,
     DestinationRule,
+    RequestAuthentication,
+    /// A key set ambientd fetched for a RequestAuthentication's `jwksUri` (`kube::jwks`):
+    /// not listed by any source, so not in [`Kind::ALL`].
+    Jwks,
 }
 
 impl Kind {
     /// Every kind, in the order a full load applies them (containers before contents).
-    pub const ALL: [Kind; 12] = [
+    pub const ALL: [Kind; 13] = [
         Kind::Namespace,
         Kind::Node,
         Kind::GatewayClass,
@@ -43,11 +48,15 @@ impl Kind {
         Kind::AuthorizationPolicy,
         Kind::PeerAuthentication,
         Kind::DestinationRule,
+        Kind::RequestAuthentication,
     ];
 
     /// Whether objects of this kind live in a namespace.
     pub(crate) fn namespaced(self) -> bool {
-        !matches!(self, Kind::Namespace | Kind::Node | Kind::GatewayClass)
+        !matches!(
+            self,
+            Kind::Namespace | Kind::Node | Kind::GatewayClass | Kind::Jwks
+        )
     }
 }
 
@@ -100,6 +109,8 @@ pub enum Object {
     AuthorizationPolicy(AuthorizationPolicy),
     PeerAuthentication(PeerAuthentication),
     DestinationRule(DestinationRule),
+    RequestAuthentication(RequestAuthentication),
+    Jwks(Jwks),
 }
 
 impl Object {
@@ -117,6 +128,8 @@ impl Object {
             Object::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
             Object::PeerAuthentication(_) => Kind::PeerAuthentication,
             Object::DestinationRule(_) => Kind::DestinationRule,
+            Object::RequestAuthentication(_) => Kind::RequestAuthentication,
+            Object::Jwks(_) => Kind::Jwks,
         }
     }
 
@@ -125,6 +138,7 @@ impl Object {
             Object::Namespace(n) => ("", &n.name),
             Object::Node(n) => ("", &n.name),
             Object::GatewayClass(c) => ("", &c.name),
+            Object::Jwks(j) => ("", &j.name),
             Object::Pod(o) => (o.namespace(), o.name()),
             Object::Service(o) => (o.namespace.as_str(), &o.name),
             Object::EndpointSlice(o) => (o.namespace.as_str(), &o.name),
@@ -134,6 +148,7 @@ impl Object {
             Object::AuthorizationPolicy(o) => (o.namespace.as_str(), &o.name),
             Object::PeerAuthentication(o) => (o.namespace.as_str(), &o.name),
             Object::DestinationRule(o) => (o.namespace.as_str(), &o.name),
+            Object::RequestAuthentication(o) => (o.namespace.as_str(), &o.name),
         };
         ObjectRef::new(self.kind(), namespace, name)
     }

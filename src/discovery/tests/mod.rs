@@ -13,4 +13,5 @@ mod index_services;
 mod reset_property;
 mod service_entry_visibility;
 mod status_conditions;
+mod waypoint_inputs;
 mod waypoint_policy;

@@ -7,7 +7,8 @@
 //! and conflict with each other: Services select Pods and WorkloadEntries, ServiceEntries share
 //! hostnames (with each other and with a Service), slices name pods by targetRef (sometimes
 //! across namespaces), Gateways become and stop being waypoints that everything may bind to,
-//! and AuthorizationPolicies and PeerAuthentications select workloads. 64 cases per property
+//! and AuthorizationPolicies and PeerAuthentications select workloads; RequestAuthentications
+//! with and without `targetRefs` feed the waypoints' list. 64 cases per property
 //! keep the suite fast; set `PROPTEST_CASES` to run more. A failure prints the shrunk input.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -18,9 +19,10 @@ use crate::discovery::model::peer_authentication::MtlsMode;
 use crate::discovery::model::status::PolicyStatus;
 use crate::discovery::model::status::{DesiredStatus, StatusTarget};
 use crate::discovery::model::{
-    AllowedNamespaces, AuthorizationPolicy, DestinationRule, Endpoint, Gateway, Kind, Labels,
-    Listener, LoadBalancer, NamespaceSelector, ObjectRef, PeerAuthentication, PodFields,
-    Resolution, Service, ServiceEntry, SimpleLb, SliceEndpoint, TrafficPolicy,
+    AllowedNamespaces, AuthorizationPolicy, DestinationRule, Endpoint, Gateway, JwtRule, Kind,
+    Labels, Listener, LoadBalancer, NamespaceSelector, ObjectRef, PeerAuthentication, PodFields,
+    RequestAuthentication, Resolution, Service, ServiceEntry, SimpleLb, SliceEndpoint,
+    TrafficPolicy,
 };
 use crate::discovery::snapshot::NameSet;
 use crate::discovery::{Changes, Index, Object, Settings, Snapshot};
@@ -484,6 +486,37 @@ fn destination_rule_object() -> impl Strategy<Value = Object> {
         })
 }
 
+fn request_authentication_object() -> impl Strategy<Value = Object> {
+    (
+        (select(&["a", "b", SYSTEM][..]), select(&["ra0", "ra1"][..])),
+        option::of(select(&["web", "api"][..])),
+        select(&["https://one", "https://two"][..]),
+        option::of(select(
+            &["2020-01-01T00:00:00Z", "2021-01-01T00:00:00Z"][..],
+        )),
+    )
+        .prop_map(|((ns, name), target, issuer, creation)| {
+            Object::RequestAuthentication(RequestAuthentication {
+                name: name.into(),
+                namespace: ns.into(),
+                target_refs: target
+                    .map(|t| PolicyTargetRef {
+                        kind: "Service".into(),
+                        name: t.into(),
+                        ..Default::default()
+                    })
+                    .into_iter()
+                    .collect(),
+                jwt_rules: vec![JwtRule {
+                    issuer: issuer.into(),
+                    ..Default::default()
+                }],
+                creation: creation.map(str::to_string),
+                ..Default::default()
+            })
+        })
+}
+
 fn object() -> impl Strategy<Value = Object> {
     prop_oneof![
         2 => namespace_object(),
@@ -498,6 +531,7 @@ fn object() -> impl Strategy<Value = Object> {
         2 => authorization_policy_object(),
         2 => peer_authentication_object(),
         1 => destination_rule_object(),
+        1 => request_authentication_object(),
     ]
 }
 
@@ -595,6 +629,9 @@ struct Observed {
     policy_status: BTreeMap<String, PolicyStatus>,
     statuses: BTreeMap<StatusTarget, DesiredStatus>,
     destination_rules: Vec<DestinationRule>,
+    /// What waypoints read besides resources.
+    waypoint_policies: Vec<AuthorizationPolicy>,
+    waypoint_authentications: Vec<RequestAuthentication>,
 }
 
 fn observed(s: &Snapshot) -> Observed {
@@ -626,6 +663,12 @@ fn observed(s: &Snapshot) -> Observed {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         destination_rules: s.destination_rules.iter().map(|r| (**r).clone()).collect(),
+        waypoint_policies: s.waypoint_policies.iter().map(|p| (**p).clone()).collect(),
+        waypoint_authentications: s
+            .waypoint_authentications
+            .iter()
+            .map(|ra| (**ra).clone())
+            .collect(),
     }
 }
 

@@ -116,6 +116,12 @@ pub fn watched_kinds() -> Vec<WatchedKind> {
             "DestinationRule",
             "destinationrules",
         ),
+        crd(
+            Kind::RequestAuthentication,
+            "security.istio.io",
+            "RequestAuthentication",
+            "requestauthentications",
+        ),
     ];
     debug_assert!(all.iter().map(|w| w.kind).eq(Kind::ALL));
     all

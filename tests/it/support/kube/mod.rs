@@ -108,6 +108,12 @@ pub fn ambient_resources() -> Vec<Resource> {
             "peerauthentications",
             true,
         ),
+        r(
+            "security.istio.io/v1",
+            "RequestAuthentication",
+            "requestauthentications",
+            true,
+        ),
         r("gateway.networking.k8s.io/v1", "Gateway", "gateways", true),
         // What ambientd writes (and reads back): leader election, the CA, root ConfigMaps.
         r("coordination.k8s.io/v1", "Lease", "leases", true),
