@@ -12,6 +12,7 @@ pub(crate) mod labels;
 pub(crate) mod network_gateway;
 pub(crate) mod peer_authentication;
 pub(crate) mod pod;
+pub(crate) mod route;
 pub(crate) mod status;
 pub(crate) mod uid;
 pub(crate) mod visibility;
@@ -25,5 +26,10 @@ pub use kinds::*;
 pub use labels::Labels;
 pub use peer_authentication::{MtlsMode, PeerAuthentication};
 pub use pod::{ContainerPort, Owner, Pod, PodFields};
+pub use route::{
+    BackendRef, GrpcMethodMatch, HeaderFilter, Mirror, ParentRef, PathMatch, PathModifier,
+    Redirect, Retry, Rewrite, Route, RouteError, RouteFilter, RouteKind, RouteMatch, RouteRule,
+    ValueMatch,
+};
 pub use status::{DesiredStatus, StatusCondition};
 pub use visibility::{ServiceEntryVisibility, Visibility, VisibilityPolicy};

@@ -13,6 +13,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use crate::discovery::model::authorization::AuthorizationPolicy;
+use crate::discovery::model::route::Route;
 use crate::discovery::model::status::PolicyStatus;
 use crate::discovery::model::status::{DesiredStatus, StatusTarget};
 use crate::discovery::names::TypeKind;
@@ -165,6 +166,9 @@ pub struct Snapshot {
     /// AuthorizationPolicies with `targetRef(s)`, by `ns/name`: enforced by waypoints, never
     /// sent to ztunnel. The same slice until one of them changes.
     pub waypoint_policies: Arc<[Arc<AuthorizationPolicy>]>,
+    /// HTTPRoutes and GRPCRoutes, by kind, namespace and name: translated by waypoints, never
+    /// sent to ztunnel. The same slice until one of them changes.
+    pub routes: Arc<[Arc<Route>]>,
     /// `(generation, changes that produced it)`, oldest first, at most [`HISTORY`] entries and
     /// [`MIN_HISTORY_NAMES`] or an eighth of the resources' count in names.
     pub(crate) history: imbl::Vector<(u64, Arc<Changes>)>,

@@ -16,7 +16,7 @@ use crate::discovery::model::visibility::{ServiceEntryVisibility, Visibility};
 use crate::discovery::model::waypoint::{GATEWAY_NAME_LABEL, Waypoint};
 use crate::discovery::model::{
     AuthorizationPolicy, EndpointSlice, Gateway, GatewayClass, Labels, Namespace, Node, Object,
-    ObjectRef, PeerAuthentication, Pod, Service, ServiceEntry, WorkloadEntry,
+    ObjectRef, PeerAuthentication, Pod, Route, Service, ServiceEntry, WorkloadEntry,
 };
 use crate::discovery::names::service_hostname;
 use crate::discovery::settings::Settings;
@@ -61,6 +61,9 @@ pub(crate) struct Store {
     gateways: HashMap<Key, Gateway>,
     policies: HashMap<Key, AuthorizationPolicy>,
     peer_authentications: HashMap<Key, PeerAuthentication>,
+    /// HTTPRoutes and GRPCRoutes, read by waypoints only: the snapshot shares these `Arc`s.
+    http_routes: HashMap<Key, Arc<Route>>,
+    grpc_routes: HashMap<Key, Arc<Route>>,
     /// Gateways that are ready waypoints (derived from Gateway + GatewayClass).
     waypoints: HashMap<Key, Waypoint>,
     members: HashMap<String, NamespaceMembers>,
@@ -133,6 +136,20 @@ impl Store {
 
     pub(crate) fn peer_authentications(&self) -> &HashMap<Key, PeerAuthentication> {
         &self.peer_authentications
+    }
+
+    /// HTTPRoutes, then GRPCRoutes.
+    pub(crate) fn routes(&self) -> impl Iterator<Item = (&Key, &Arc<Route>)> {
+        self.http_routes.iter().chain(self.grpc_routes.iter())
+    }
+
+    /// One HTTPRoute (`grpc` false) or GRPCRoute.
+    pub(crate) fn route(&self, grpc: bool, key: &Key) -> Option<&Arc<Route>> {
+        if grpc {
+            self.grpc_routes.get(key)
+        } else {
+            self.http_routes.get(key)
+        }
     }
 
     pub(crate) fn waypoints(&self) -> &HashMap<Key, Waypoint> {
@@ -545,6 +562,12 @@ impl Store {
                     .insert(k.1.clone());
                 self.peer_authentications.insert(k, p);
             }
+            Object::HttpRoute(r) => {
+                self.http_routes.insert(k, Arc::new(r));
+            }
+            Object::GrpcRoute(r) => {
+                self.grpc_routes.insert(k, Arc::new(r));
+            }
             Object::EndpointSlice(slice) => {
                 self.member_mut(&k.0).slices.insert(k.1.clone());
                 if let Some(service) = &slice.service_name {
@@ -651,6 +674,14 @@ impl Store {
                 self.member_mut(&k.0).peer_authentications.remove(&k.1);
                 Some(Object::PeerAuthentication(p))
             }
+            Kind::HttpRoute => self
+                .http_routes
+                .remove(&k)
+                .map(|r| Object::HttpRoute(Arc::unwrap_or_clone(r))),
+            Kind::GrpcRoute => self
+                .grpc_routes
+                .remove(&k)
+                .map(|r| Object::GrpcRoute(Arc::unwrap_or_clone(r))),
             Kind::EndpointSlice => {
                 let slice = self.slices.remove(&k)?;
                 self.member_mut(&k.0).slices.remove(&k.1);
@@ -701,6 +732,8 @@ impl Store {
             Object::EndpointSlice(o) => self.slices.get(&k) == Some(o),
             Object::AuthorizationPolicy(o) => self.policies.get(&k) == Some(o),
             Object::PeerAuthentication(o) => self.peer_authentications.get(&k) == Some(o),
+            Object::HttpRoute(o) => self.http_routes.get(&k).is_some_and(|r| **r == *o),
+            Object::GrpcRoute(o) => self.grpc_routes.get(&k).is_some_and(|r| **r == *o),
         }
     }
 
@@ -719,6 +752,8 @@ impl Store {
             Kind::EndpointSlice => self.slices.len(),
             Kind::AuthorizationPolicy => self.policies.len(),
             Kind::PeerAuthentication => self.peer_authentications.len(),
+            Kind::HttpRoute => self.http_routes.len(),
+            Kind::GrpcRoute => self.grpc_routes.len(),
         }
     }
 
@@ -749,6 +784,8 @@ impl Store {
             Kind::EndpointSlice => keyed(kind, &self.slices),
             Kind::AuthorizationPolicy => keyed(kind, &self.policies),
             Kind::PeerAuthentication => keyed(kind, &self.peer_authentications),
+            Kind::HttpRoute => keyed(kind, &self.http_routes),
+            Kind::GrpcRoute => keyed(kind, &self.grpc_routes),
         }
     }
 }

@@ -16,6 +16,7 @@ use foldhash::{HashMap, HashMapExt, HashSet};
 
 use crate::discovery::model::Key;
 use crate::discovery::model::authorization::{AuthorizationPolicy, REVISION_LABEL};
+use crate::discovery::model::route::Route;
 use crate::discovery::model::status::PolicyStatus;
 use crate::discovery::model::status::{DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::model::visibility::ServiceEntryVisibility;
@@ -71,6 +72,11 @@ pub struct Index {
     /// when a policy changed since the last snapshot (`waypoint_policies_stale`).
     waypoint_policies: Arc<[Arc<AuthorizationPolicy>]>,
     waypoint_policies_stale: bool,
+    /// HTTPRoutes and GRPCRoutes, by kind and key, rebuilt (sharing the store's `Arc`s) when
+    /// a route changed since the last snapshot. A route builds no resource here: waypoints
+    /// translate it, and tell a change by the slice's pointer.
+    routes: Arc<[Arc<Route>]>,
+    routes_stale: bool,
     /// Resource names each target produced last time, sorted (most targets produce one: a
     /// boxed slice, where a `BTreeSet` would allocate a node of eleven). Pods have no entry
     /// here nor in `owners`: a pod's only resource is named from its key.
@@ -109,6 +115,8 @@ impl Index {
             by_waypoint: PersistentMap::default(),
             waypoint_policies: Arc::new([]),
             waypoint_policies_stale: false,
+            routes: Arc::new([]),
+            routes_stale: false,
             produced: HashMap::new(),
             owners: HashMap::new(),
             policy_status: PersistentMap::default(),
@@ -172,6 +180,7 @@ impl Index {
         }
         let reference = object.object_ref();
         self.waypoint_policies_stale |= reference.kind == Kind::AuthorizationPolicy;
+        self.routes_stale |= is_route(reference.kind);
         let mut targets = BTreeSet::new();
         if let Some(old) = self.stored(&reference) {
             self.dependants(&old, &mut targets);
@@ -191,6 +200,7 @@ impl Index {
             return Changes::default();
         };
         self.waypoint_policies_stale |= reference.kind == Kind::AuthorizationPolicy;
+        self.routes_stale |= is_route(reference.kind);
         let mut targets = BTreeSet::new();
         self.dependants(&old, &mut targets);
         let network_before = self.store.network(&self.settings).to_string();
@@ -238,6 +248,15 @@ impl Index {
                 .map(|(_, p)| Arc::new(p.clone()))
                 .collect();
         }
+        if std::mem::take(&mut self.routes_stale) {
+            let mut routes: Vec<(Kind, &Key, &Arc<Route>)> = self
+                .store
+                .routes()
+                .map(|(k, r)| (route_kind(r), k, r))
+                .collect();
+            routes.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+            self.routes = routes.into_iter().map(|(_, _, r)| r.clone()).collect();
+        }
         let changes = std::mem::take(&mut self.unpublished);
         self.generation += 1;
         if std::mem::take(&mut self.unpublished_overflow) {
@@ -270,6 +289,7 @@ impl Index {
             by_node: self.by_node.clone(),
             by_waypoint: self.by_waypoint.clone(),
             waypoint_policies: self.waypoint_policies.clone(),
+            routes: self.routes.clone(),
             history: self.history.clone(),
             policy_status: self.policy_status.clone(),
             statuses: self.statuses.clone(),
@@ -286,7 +306,8 @@ impl Index {
 
     /// Whether there are changes not yet published.
     pub(crate) fn has_unpublished(&self) -> bool {
-        self.unpublished_overflow || !self.unpublished.is_empty()
+        // A route change builds no resource, but waypoints read routes from the snapshot.
+        self.unpublished_overflow || !self.unpublished.is_empty() || self.routes_stale
     }
 
     /// A copy of the stored object a reference names.
@@ -325,6 +346,12 @@ impl Index {
                 .get(&k)
                 .cloned()
                 .map(Object::PeerAuthentication),
+            Kind::HttpRoute => s
+                .route(false, &k)
+                .map(|route| Object::HttpRoute((**route).clone())),
+            Kind::GrpcRoute => s
+                .route(true, &k)
+                .map(|route| Object::GrpcRoute((**route).clone())),
         }
     }
 
@@ -668,6 +695,17 @@ fn remove_name<K: Hash + Ord + Clone + Borrow<Q>, Q: Hash + Ord + ?Sized>(
         map.remove(key);
     } else if let Some(names) = map.get_mut(key) {
         names.remove(at);
+    }
+}
+
+fn is_route(kind: Kind) -> bool {
+    matches!(kind, Kind::HttpRoute | Kind::GrpcRoute)
+}
+
+fn route_kind(route: &Route) -> Kind {
+    match route.kind {
+        crate::discovery::model::route::RouteKind::Http => Kind::HttpRoute,
+        crate::discovery::model::route::RouteKind::Grpc => Kind::GrpcRoute,
     }
 }
 

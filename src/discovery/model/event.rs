@@ -8,6 +8,7 @@ use crate::discovery::model::kinds::{
 };
 use crate::discovery::model::peer_authentication::PeerAuthentication;
 use crate::discovery::model::pod::Pod;
+use crate::discovery::model::route::Route;
 use crate::discovery::model::visibility::ServiceEntryVisibility;
 
 /// The kinds of object the index understands.
@@ -24,11 +25,13 @@ pub enum Kind {
     Gateway,
     AuthorizationPolicy,
     PeerAuthentication,
+    HttpRoute,
+    GrpcRoute,
 }
 
 impl Kind {
     /// Every kind, in the order a full load applies them (containers before contents).
-    pub const ALL: [Kind; 11] = [
+    pub const ALL: [Kind; 13] = [
         Kind::Namespace,
         Kind::Node,
         Kind::GatewayClass,
@@ -40,6 +43,8 @@ impl Kind {
         Kind::Pod,
         Kind::AuthorizationPolicy,
         Kind::PeerAuthentication,
+        Kind::HttpRoute,
+        Kind::GrpcRoute,
     ];
 
     /// Whether objects of this kind live in a namespace.
@@ -96,6 +101,10 @@ pub enum Object {
     Gateway(Gateway),
     AuthorizationPolicy(AuthorizationPolicy),
     PeerAuthentication(PeerAuthentication),
+    /// An HTTPRoute (`kind` [`crate::discovery::model::RouteKind::Http`]).
+    HttpRoute(Route),
+    /// A GRPCRoute (`kind` [`crate::discovery::model::RouteKind::Grpc`]).
+    GrpcRoute(Route),
 }
 
 impl Object {
@@ -112,6 +121,8 @@ impl Object {
             Object::Gateway(_) => Kind::Gateway,
             Object::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
             Object::PeerAuthentication(_) => Kind::PeerAuthentication,
+            Object::HttpRoute(_) => Kind::HttpRoute,
+            Object::GrpcRoute(_) => Kind::GrpcRoute,
         }
     }
 
@@ -128,6 +139,7 @@ impl Object {
             Object::Gateway(o) => (o.namespace.as_str(), &o.name),
             Object::AuthorizationPolicy(o) => (o.namespace.as_str(), &o.name),
             Object::PeerAuthentication(o) => (o.namespace.as_str(), &o.name),
+            Object::HttpRoute(o) | Object::GrpcRoute(o) => (o.namespace.as_str(), &o.name),
         };
         ObjectRef::new(self.kind(), namespace, name)
     }

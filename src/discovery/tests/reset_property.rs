@@ -453,6 +453,38 @@ fn peer_authentication_object() -> impl Strategy<Value = Object> {
         })
 }
 
+fn route_object() -> impl Strategy<Value = Object> {
+    (
+        (select(&["a", "b"][..]), select(&["r0", "r1"][..])),
+        any::<bool>(),
+        select(&APPS[..]),
+        0..3i64,
+    )
+        .prop_map(|((ns, name), grpc, app, generation)| {
+            let route = crate::discovery::model::Route {
+                kind: if grpc {
+                    crate::discovery::model::RouteKind::Grpc
+                } else {
+                    crate::discovery::model::RouteKind::Http
+                },
+                name: name.into(),
+                namespace: ns.into(),
+                generation,
+                parent_refs: vec![crate::discovery::model::ParentRef {
+                    kind: "Service".into(),
+                    name: app.into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            if grpc {
+                Object::GrpcRoute(route)
+            } else {
+                Object::HttpRoute(route)
+            }
+        })
+}
+
 fn object() -> impl Strategy<Value = Object> {
     prop_oneof![
         2 => namespace_object(),
@@ -466,6 +498,7 @@ fn object() -> impl Strategy<Value = Object> {
         2 => gateway_class_object(),
         2 => authorization_policy_object(),
         2 => peer_authentication_object(),
+        1 => route_object(),
     ]
 }
 
@@ -562,6 +595,8 @@ struct Observed {
     by_node: BTreeMap<String, BTreeSet<String>>,
     policy_status: BTreeMap<String, PolicyStatus>,
     statuses: BTreeMap<StatusTarget, DesiredStatus>,
+    /// The routes waypoints read, in the snapshot's order.
+    routes: Vec<crate::discovery::model::Route>,
 }
 
 fn observed(s: &Snapshot) -> Observed {
@@ -592,6 +627,7 @@ fn observed(s: &Snapshot) -> Observed {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
+        routes: s.routes.iter().map(|r| (**r).clone()).collect(),
     }
 }
 
