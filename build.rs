@@ -40,6 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/envoy/service/secret/v3/sds.proto",
         "proto/envoy/type/matcher/v3/matcher.proto",
         "proto/envoy/type/metadata/v3/metadata.proto",
+        "proto/envoy/type/v3/percent.proto",
         "proto/envoy/type/v3/range.proto",
         "proto/udpa/type/v1/typed_struct.proto",
         "proto/xds/core/v3/core.proto",

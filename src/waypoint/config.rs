@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use crate::discovery::model::AuthorizationPolicy;
+use crate::discovery::model::{AuthorizationPolicy, Route};
 use crate::discovery::names::ResourceType;
 use crate::discovery::snapshot::Name;
 use crate::discovery::{Resource, Snapshot};
@@ -18,6 +18,7 @@ use crate::waypoint::listeners::{
 };
 use crate::waypoint::proxy::{Extensions, WaypointProxy};
 use crate::waypoint::rbac::{self, Attachment, Target};
+use crate::waypoint::routes::{Destinations, RouteIndex};
 use crate::waypoint::{WaypointSettings, clusters, endpoints};
 
 /// What a config is built for: the waypoint's key, and what its proxy's flavour changes.
@@ -73,6 +74,11 @@ pub struct WaypointConfig {
     /// The waypoint policies it was built with (the snapshot shares one slice until a
     /// policy changes).
     policies: Option<Arc<[Arc<AuthorizationPolicy>]>>,
+    /// The routes it was built with (shared the same way).
+    routes: Option<Arc<[Arc<Route>]>>,
+    /// The services (`ns/hostname`) its routes send to, found or not: a change of one
+    /// changes clusters or route targets.
+    route_reads: Arc<BTreeSet<String>>,
 }
 
 /// What one EDS cluster was built from.
@@ -82,6 +88,8 @@ struct EdsSource {
     port: u32,
     target_port: u32,
     members: Arc<[Name]>,
+    /// An `outbound|…` cluster (its HBONE endpoints say so in their metadata).
+    outbound: bool,
 }
 
 /// How much of a config a snapshot's changes need rebuilt.
@@ -155,7 +163,11 @@ impl WaypointConfig {
         let policies_same = self
             .policies
             .as_ref()
-            .is_some_and(|p| Arc::ptr_eq(p, &snapshot.waypoint_policies));
+            .is_some_and(|p| Arc::ptr_eq(p, &snapshot.waypoint_policies))
+            && self
+                .routes
+                .as_ref()
+                .is_some_and(|r| Arc::ptr_eq(r, &snapshot.routes));
         let Some(changed) =
             snapshot.names_changed_since(crate::discovery::TypeKind::Address, self.generation)
         else {
@@ -175,7 +187,7 @@ impl WaypointConfig {
         for name in changed {
             // A bound service or workload itself. (A change of the waypoint's own Services
             // changes its key, and so which config it is given.)
-            if self.bound.contains(name.as_str()) {
+            if self.bound.contains(name.as_str()) || self.route_reads.contains(name.as_str()) {
                 return Rebuild::Everything;
             }
             // A member of a bound service, now or before: that service's EDS clusters.
@@ -281,6 +293,13 @@ impl Builder<'_> {
                 .collect()
         };
 
+        let routes = snapshot.routes.clone();
+        let route_index = RouteIndex::new(&routes, &key.namespace, &key.gateway);
+        let mut destinations = Destinations::new(
+            snapshot,
+            &self.settings.domain,
+            bound.services.iter().map(|(r, s)| (r.name.as_str(), s)),
+        );
         let mut chains: Vec<Chain> = Vec::new();
         let mut matches: Vec<ServiceMatch> = Vec::new();
         let mut clusters = vec![clusters::main_internal(), clusters::encap()];
@@ -288,10 +307,11 @@ impl Builder<'_> {
         let mut eds = imbl::OrdMap::new();
         let mut service_clusters: BTreeMap<Name, Vec<Name>> = BTreeMap::new();
         for (resource, service) in &bound.services {
+            let kubernetes = is_kubernetes(service, &self.settings.domain);
             let target = Target::Service {
                 namespace: &service.namespace,
                 name: &service.name,
-                kubernetes: is_kubernetes(service, &self.settings.domain),
+                kubernetes,
             };
             let on_service = attached(target);
             let rbac_http = rbac::chain_rbac(on_service.iter().copied(), rbac_kind(true));
@@ -310,6 +330,16 @@ impl Builder<'_> {
                     if (is_http && !protocol.has_http()) || (!is_http && !protocol.has_tcp()) {
                         continue;
                     }
+                    let routes = (is_http && !route_index.is_empty())
+                        .then(|| {
+                            route_index.chain_routes(
+                                service,
+                                kubernetes,
+                                port.service_port,
+                                &mut destinations,
+                            )
+                        })
+                        .flatten();
                     let spec = ChainSpec {
                         name: chain,
                         hostname: &service.hostname,
@@ -321,11 +351,12 @@ impl Builder<'_> {
                         } else {
                             rbac_tcp.clone()
                         },
+                        routes,
                     };
                     chains.push(if is_http {
-                        listeners::http_chain(&spec, &settings)
+                        listeners::http_chain(spec, &settings)
                     } else {
-                        listeners::tcp_chain(&spec, &settings)
+                        listeners::tcp_chain(spec, &settings)
                     });
                     clusters.push(clusters::inbound_vip(
                         chain,
@@ -340,6 +371,7 @@ impl Builder<'_> {
                         port: port.service_port,
                         target_port: port.target_port,
                         members: Arc::new([]),
+                        outbound: false,
                     };
                     let (cla, source) = self.endpoints(chain, source);
                     let cluster = Name::from(chain.as_str());
@@ -360,6 +392,33 @@ impl Builder<'_> {
                 .collect();
             matches.push(ServiceMatch { vips, ports });
         }
+        // The services routes send to that are not bound here (§3.3).
+        for (name, out) in &destinations.outbound {
+            clusters.push(clusters::outbound(
+                name,
+                &out.service.hostname,
+                &out.service.name,
+                &out.service.namespace,
+                port_protocol(out.protocol as i32),
+            ));
+            let source = EdsSource {
+                service: out.resource.name.clone(),
+                port: out.port,
+                target_port: out.target_port,
+                members: Arc::new([]),
+                outbound: true,
+            };
+            let (cla, source) = self.endpoints(name, source);
+            let cluster = Name::from(name.as_str());
+            endpoints.insert(cluster.clone(), cla);
+            service_clusters
+                .entry(out.resource.name.clone())
+                .or_default()
+                .push(cluster.clone());
+            eds.insert(cluster, source);
+        }
+        let route_reads = std::mem::take(&mut destinations.reads);
+        drop(destinations);
         clusters.push(clusters::connect_originate(
             &self.settings.trust_domain,
             &key.namespace,
@@ -412,6 +471,8 @@ impl Builder<'_> {
                 .map(|(service, clusters)| (service, clusters.into()))
                 .collect(),
             policies: Some(policies),
+            routes: Some(routes.clone()),
+            route_reads: Arc::new(route_reads),
         }
     }
 
@@ -425,6 +486,7 @@ impl Builder<'_> {
             source.port,
             source.target_port,
             members.iter().map(|(_, w)| w),
+            source.outbound,
         );
         let resource = Resource::encode(ResourceType::ClusterLoadAssignment, cluster, &cla);
         (Arc::new(resource), source)

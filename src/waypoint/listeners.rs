@@ -479,11 +479,14 @@ pub(crate) struct ChainSpec<'a> {
     pub(crate) protocol: PortProtocol,
     pub(crate) cluster: &'a str,
     pub(crate) rbac: Vec<crate::pb::envoy::config::rbac::v3::Rbac>,
+    /// The chain's routes from Gateway API routes (`crate::waypoint::routes`); `None`: the
+    /// default route.
+    pub(crate) routes: Option<Vec<Route>>,
 }
 
 /// A service's HTTP chain `inbound-vip|<port>|http|<host>` (§2.2): an HCM with the service's
-/// RBAC and the default route to its cluster (§4.2).
-pub(crate) fn http_chain(spec: &ChainSpec<'_>, s: &ListenerSettings<'_>) -> Chain {
+/// RBAC and its routes, or the default route to its cluster (§4.2).
+pub(crate) fn http_chain(spec: ChainSpec<'_>, s: &ListenerSettings<'_>) -> Chain {
     let mut filters: Vec<HttpFilter> = spec
         .rbac
         .iter()
@@ -541,14 +544,22 @@ pub(crate) fn http_chain(spec: &ChainSpec<'_>, s: &ListenerSettings<'_>) -> Chai
         ));
     }
     filters.push(router());
+    // istiod's route config from routes has no direct-response limit; the default one has.
+    let (routes, max_direct_response) = match spec.routes {
+        Some(routes) => (routes, None),
+        None => (
+            vec![default_route(spec.cluster, spec.hostname, spec.port)],
+            uint32(1024 * 1024),
+        ),
+    };
     let route_config = RouteConfiguration {
         name: spec.name.into(),
         validate_clusters: envoy::boolean(false),
-        max_direct_response_body_size_bytes: uint32(1024 * 1024),
+        max_direct_response_body_size_bytes: max_direct_response,
         virtual_hosts: vec![VirtualHost {
             name: format!("inbound|http|{}", spec.port),
             domains: vec!["*".into()],
-            routes: vec![default_route(spec.cluster, spec.hostname, spec.port)],
+            routes,
         }],
     };
     let manager = http_manager(
@@ -571,7 +582,7 @@ pub(crate) fn http_chain(spec: &ChainSpec<'_>, s: &ListenerSettings<'_>) -> Chai
 
 /// A service's TCP chain `inbound-vip|<port>|tcp|<host>`: its RBAC, then tcp_proxy to its
 /// cluster.
-pub(crate) fn tcp_chain(spec: &ChainSpec<'_>, s: &ListenerSettings<'_>) -> Chain {
+pub(crate) fn tcp_chain(spec: ChainSpec<'_>, s: &ListenerSettings<'_>) -> Chain {
     let mut filters = Vec::new();
     if s.extensions.metadata_exchange {
         filters.push(metadata_exchange());
@@ -742,24 +753,29 @@ fn default_route(cluster: &str, hostname: &str, port: u32) -> Route {
             )),
             timeout: seconds(0),
             max_grpc_timeout: seconds(0),
-            retry_policy: Some(RetryPolicy {
-                retry_on:
-                    "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
-                        .into(),
-                num_retries: uint32(2),
-                retry_host_predicate: vec![route::retry_policy::RetryHostPredicate {
-                    name: "envoy.retry_host_predicates.previous_hosts".into(),
-                    config_type: Some(
-                        route::retry_policy::retry_host_predicate::ConfigType::TypedConfig(empty(
-                            envoy::PREVIOUS_HOSTS,
-                        )),
-                    ),
-                }],
-                host_selection_retry_max_attempts: 5,
-                ..Default::default()
-            }),
+            retry_policy: Some(default_retry_policy()),
             ..Default::default()
         })),
+        ..Default::default()
+    }
+}
+
+/// Istio's default retry policy (the mesh's `defaultHttpRetryPolicy` unset): two retries on
+/// connection failures, refused streams and `unavailable`, on another host.
+pub(crate) fn default_retry_policy() -> RetryPolicy {
+    RetryPolicy {
+        retry_on: "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
+            .into(),
+        num_retries: uint32(2),
+        retry_host_predicate: vec![route::retry_policy::RetryHostPredicate {
+            name: "envoy.retry_host_predicates.previous_hosts".into(),
+            config_type: Some(
+                route::retry_policy::retry_host_predicate::ConfigType::TypedConfig(empty(
+                    envoy::PREVIOUS_HOSTS,
+                )),
+            ),
+        }],
+        host_selection_retry_max_attempts: 5,
         ..Default::default()
     }
 }

@@ -16,6 +16,7 @@
 //! | `clusters` | `main_internal`, `encap`, `connect_originate`, `inbound-vip\|…` |
 //! | `endpoints` | each `inbound-vip` cluster's ClusterLoadAssignment |
 //! | `rbac` | AuthorizationPolicies with `targetRefs` as Envoy RBAC |
+//! | `routes` | HTTPRoutes and GRPCRoutes as the HTTP chains' routes, and the `outbound` clusters they need |
 //! | `config` | the whole config, and its incremental update |
 
 mod bound;
@@ -26,6 +27,7 @@ mod envoy;
 mod listeners;
 mod proxy;
 mod rbac;
+mod routes;
 
 #[cfg(test)]
 mod tests;

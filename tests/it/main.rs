@@ -34,6 +34,7 @@ mod status_writer;
 mod waypoint;
 mod waypoint_controller;
 mod waypoint_harness;
+mod waypoint_routes;
 mod waypoint_xds;
 mod xds;
 mod xds_flow;
