@@ -23,38 +23,28 @@
 //! * **Any route** replaces the default route: a request no route matches gets 404.
 //!
 //! A route istiod would not convert ([`Route::conversion_error`]) contributes nothing.
+//!
+//! Here: which routes apply to a chain, their order, and each route's match; `action`: what
+//! a matched route does; `destinations`: the clusters its backends go to.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
-
-use prost::Message;
 
 use crate::discovery::model::{
-    BackendRef, GrpcMethodMatch, HeaderFilter, Mirror, PathMatch, PathModifier, Redirect, Rewrite,
-    Route, RouteFilter, RouteMatch as MatchSpec, RouteRule, ValueMatch,
+    BackendRef, GrpcMethodMatch, PathMatch, Route, RouteFilter, RouteMatch as MatchSpec, RouteRule,
+    ValueMatch,
 };
-use crate::discovery::names::service_key;
-use crate::discovery::{Resource, Snapshot};
-use crate::pb::envoy::config::core::v3::{
-    self as core, HeaderValue, HeaderValueOption, RuntimeFractionalPercent,
-    header_value_option::HeaderAppendAction,
-};
+use crate::pb::envoy::config::core::v3 as core;
 use crate::pb::envoy::config::route::v3::{
     self as route, Decorator, DirectResponseAction, HeaderMatcher, QueryParameterMatcher,
-    RedirectAction, RetryPolicy, RouteAction, RouteMatch, WeightedCluster, header_matcher,
-    query_parameter_matcher, redirect_action, route_action, route_match,
+    RouteMatch, header_matcher, query_parameter_matcher, route_action, route_match,
 };
-use crate::pb::envoy::r#type::matcher::v3::{RegexMatchAndSubstitute, RegexMatcher};
-use crate::pb::envoy::r#type::v3::{FractionalPercent, fractional_percent};
-use crate::pb::istio::workload::{Address, AppProtocol, Service, address};
-use crate::waypoint::envoy::{self, uint32};
+use crate::pb::envoy::r#type::matcher::v3::RegexMatcher;
+use crate::pb::istio::workload::Service;
+use crate::waypoint::envoy;
 
-/// The retry conditions istiod sets for a Gateway API `retry` (its codes are added).
-const RETRY_ON: &str = "connect-failure,refused-stream,unavailable,cancelled";
-/// The cluster name istiod gives a backend it could not resolve.
-pub(crate) const UNKNOWN_SERVICE: &str = "UnknownService";
+use action::{HeaderOps, filter_of, redirect_action};
 
 /// One route's parent at this waypoint: the route, and the port its parentRef narrows to.
 type Attached<'a> = (&'a Route, Option<u16>);
@@ -404,7 +394,8 @@ impl<'a> VirtualService<'a> {
                 body: None,
             }));
         } else {
-            let action = route_action(split, &weighted, authority, &mut out, destinations);
+            let action =
+                action::route_action(rule, route_ns, &weighted, authority, &mut out, destinations);
             out.action = Some(route::route::Action::Route(action));
         }
         out.decorator = Some(Decorator {
@@ -413,14 +404,6 @@ impl<'a> VirtualService<'a> {
         });
         Some(out)
     }
-}
-
-/// The last filter of one type (istiod keeps the last one it reads).
-fn filter_of<'a, T>(
-    filters: &'a [RouteFilter],
-    pick: impl Fn(&'a RouteFilter) -> Option<&'a T>,
-) -> Option<&'a T> {
-    filters.iter().rev().find_map(pick)
 }
 
 /// `TranslateRouteMatch`, with Gateway semantics: a prefix other than `/` matches whole
@@ -524,352 +507,6 @@ fn config_metadata(namespace: &str, name: &str) -> core::Metadata {
     }
 }
 
-/// Header mutations (`TranslateHeadersOperations`): `set` overwrites, `add` appends, each
-/// sorted by name; `host` and pseudo-headers are not set but name the authority.
-struct HeaderOps {
-    add: Vec<HeaderValueOption>,
-    remove: Vec<String>,
-    authority: String,
-}
-
-fn is_internal(name: &str) -> bool {
-    name.starts_with(':') || name.eq_ignore_ascii_case("host")
-}
-
-impl HeaderOps {
-    fn of(filter: &HeaderFilter) -> Self {
-        let mut authority = String::new();
-        let mut set_authority = String::new();
-        let mut options = |headers: &[(String, String)], action: HeaderAppendAction| {
-            let mut list: Vec<HeaderValueOption> = Vec::new();
-            for (name, value) in headers {
-                if name.eq_ignore_ascii_case(":authority") || name.eq_ignore_ascii_case("host") {
-                    if action == HeaderAppendAction::OverwriteIfExistsOrAdd {
-                        set_authority = value.clone();
-                    } else {
-                        authority = value.clone();
-                    }
-                }
-                if is_internal(name) {
-                    continue;
-                }
-                list.push(HeaderValueOption {
-                    header: Some(HeaderValue {
-                        key: name.clone(),
-                        value: value.clone(),
-                    }),
-                    append_action: action as i32,
-                });
-            }
-            list.sort_by(|a, b| {
-                let key = |o: &HeaderValueOption| o.header.as_ref().map(|h| h.key.clone());
-                key(a).cmp(&key(b))
-            });
-            list
-        };
-        let mut add = options(&filter.set, HeaderAppendAction::OverwriteIfExistsOrAdd);
-        add.extend(options(
-            &filter.add,
-            HeaderAppendAction::AppendIfExistsOrAdd,
-        ));
-        HeaderOps {
-            add,
-            remove: filter
-                .remove
-                .iter()
-                .filter(|n| !is_internal(n))
-                .cloned()
-                .collect(),
-            authority: if set_authority.is_empty() {
-                authority
-            } else {
-                set_authority
-            },
-        }
-    }
-}
-
-/// `ApplyRedirect` for a Gateway API redirect; `None` for a status code Envoy cannot send
-/// (istiod leaves such a route without an action).
-fn redirect_action(r: &Redirect, port: u32) -> Option<RedirectAction> {
-    let mut out = RedirectAction {
-        host_redirect: r.hostname.clone().unwrap_or_default(),
-        ..Default::default()
-    };
-    out.path_rewrite_specifier = Some(match &r.path {
-        Some(PathModifier::Prefix(p)) => {
-            redirect_action::PathRewriteSpecifier::PrefixRewrite(p.clone())
-        }
-        Some(PathModifier::Full(p)) => {
-            redirect_action::PathRewriteSpecifier::PathRedirect(p.clone())
-        }
-        None => redirect_action::PathRewriteSpecifier::PathRedirect(String::new()),
-    });
-    if let Some(scheme) = &r.scheme {
-        out.scheme_rewrite_specifier = Some(
-            redirect_action::SchemeRewriteSpecifier::SchemeRedirect(scheme.clone()),
-        );
-    }
-    // No port: the request's (the listener's), unless a scheme is given, whose default port
-    // Envoy then uses.
-    out.port_redirect = match (r.port, &r.scheme) {
-        (Some(p), _) => u32::from(p),
-        (None, Some(_)) => 0,
-        (None, None) => port,
-    };
-    let scheme = r.scheme.as_deref().unwrap_or("http");
-    if (out.port_redirect == 80 && scheme == "http")
-        || (out.port_redirect == 443 && scheme == "https")
-    {
-        out.port_redirect = 0;
-    }
-    use redirect_action::RedirectResponseCode as Code;
-    out.response_code = match r.status_code {
-        None | Some(301) => Code::MovedPermanently,
-        Some(302) => Code::Found,
-        Some(303) => Code::SeeOther,
-        Some(307) => Code::TemporaryRedirect,
-        Some(308) => Code::PermanentRedirect,
-        Some(_) => return None,
-    } as i32;
-    Some(out)
-}
-
-fn duration(d: Duration) -> Option<crate::pb::google::protobuf::Duration> {
-    Some(crate::pb::google::protobuf::Duration {
-        seconds: d.as_secs() as i64,
-        nanos: d.subsec_nanos() as i32,
-    })
-}
-
-/// Go's `regexp.QuoteMeta`.
-fn quote_meta(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if "\\.+*?()|[]{}^$".contains(c) {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// `applyHTTPRouteDestination`: timeouts, rewrites, mirrors, the backends and the retry
-/// policy. Header mutations of a lone backend go on the route (`out`).
-fn route_action(
-    split: &Split<'_>,
-    weighted: &[&BackendRef],
-    mut authority: String,
-    out: &mut route::Route,
-    destinations: &mut Destinations<'_>,
-) -> RouteAction {
-    let rule = split.rule;
-    let route_ns = split.route.namespace.as_str();
-    let mut action = RouteAction {
-        cluster_not_found_response_code:
-            route_action::ClusterNotFoundResponseCode::InternalServerError as i32,
-        ..Default::default()
-    };
-    // Timeouts: `request`, unless `backendRequest` applies to the whole request (no retry).
-    let mut timeout = rule.request_timeout.filter(|t| !t.is_zero());
-    let per_try = rule.backend_request_timeout.filter(|t| !t.is_zero());
-    if rule.retry.is_none() && per_try.is_some() {
-        timeout = per_try;
-    }
-    action.timeout = duration(timeout.unwrap_or_default());
-    action.max_grpc_timeout = action.timeout;
-    if let Some(rewrite) = filter_of(&rule.filters, |f| match f {
-        RouteFilter::Rewrite(r) => Some(r),
-        _ => None,
-    }) {
-        apply_rewrite(rewrite, out, &mut action, &mut authority);
-    }
-    if !authority.is_empty() {
-        action.host_rewrite_specifier = Some(
-            route_action::HostRewriteSpecifier::HostRewriteLiteral(authority),
-        );
-    }
-    for mirror in rule.filters.iter().filter_map(|f| match f {
-        RouteFilter::Mirror(m) => Some(m),
-        _ => None,
-    }) {
-        if let Some(policy) = mirror_policy(mirror, route_ns, destinations) {
-            action.request_mirror_policies.push(policy);
-        }
-    }
-    if let [only] = weighted {
-        let cluster = destinations.cluster(only, route_ns);
-        action.cluster_specifier = Some(route_action::ClusterSpecifier::Cluster(cluster));
-        if let Some(ops) = backend_ops(only) {
-            out.request_headers_to_add.extend(ops.request.add);
-            out.request_headers_to_remove.extend(ops.request.remove);
-            out.response_headers_to_add.extend(ops.response.add);
-            out.response_headers_to_remove.extend(ops.response.remove);
-            if !ops.request.authority.is_empty() && action.host_rewrite_specifier.is_none() {
-                action.host_rewrite_specifier = Some(
-                    route_action::HostRewriteSpecifier::HostRewriteLiteral(ops.request.authority),
-                );
-            }
-        }
-    } else {
-        let clusters = weighted
-            .iter()
-            .map(|backend| {
-                let mut weight = route::weighted_cluster::ClusterWeight {
-                    name: destinations.cluster(backend, route_ns),
-                    weight: uint32(backend.weight),
-                    ..Default::default()
-                };
-                if let Some(ops) = backend_ops(backend) {
-                    weight.request_headers_to_add = ops.request.add;
-                    weight.request_headers_to_remove = ops.request.remove;
-                    weight.response_headers_to_add = ops.response.add;
-                    weight.response_headers_to_remove = ops.response.remove;
-                    if !ops.request.authority.is_empty() {
-                        weight.host_rewrite_specifier = Some(
-                            route::weighted_cluster::cluster_weight::HostRewriteSpecifier::HostRewriteLiteral(
-                                ops.request.authority,
-                            ),
-                        );
-                    }
-                }
-                weight
-            })
-            .collect();
-        action.cluster_specifier = Some(route_action::ClusterSpecifier::WeightedClusters(
-            WeightedCluster { clusters },
-        ));
-    }
-    action.retry_policy = match &rule.retry {
-        None => Some(crate::waypoint::listeners::default_retry_policy()),
-        Some(retry) => retry_policy(retry, per_try),
-    };
-    action
-}
-
-/// `URLRewrite`: a full path replaces the whole path (a regex rewrite of `/.*`); a prefix
-/// replaces the matched prefix, and `/` removes it.
-fn apply_rewrite(
-    rewrite: &Rewrite,
-    out: &route::Route,
-    action: &mut RouteAction,
-    authority: &mut String,
-) {
-    match &rewrite.path {
-        Some(PathModifier::Full(path)) => {
-            action.regex_rewrite = Some(RegexMatchAndSubstitute {
-                pattern: Some(RegexMatcher {
-                    regex: "/.*".into(),
-                }),
-                substitution: path.clone(),
-            });
-        }
-        Some(PathModifier::Prefix(prefix)) => {
-            let uri = prefix.strip_suffix('/').unwrap_or(prefix);
-            if uri.is_empty() {
-                let matched = match out.r#match.as_ref().and_then(|m| m.path_specifier.as_ref()) {
-                    Some(route_match::PathSpecifier::PathSeparatedPrefix(p)) => p.as_str(),
-                    _ => "",
-                };
-                action.regex_rewrite = Some(RegexMatchAndSubstitute {
-                    pattern: Some(RegexMatcher {
-                        regex: format!("^{}(/?)(.*)", quote_meta(matched)),
-                    }),
-                    // Keeps a `/` when the whole path is removed.
-                    substitution: "/\\2".into(),
-                });
-            } else {
-                action.prefix_rewrite = uri.to_string();
-            }
-        }
-        None => {}
-    }
-    if let Some(host) = &rewrite.hostname {
-        *authority = host.clone();
-    }
-}
-
-/// A backend's own header mutations.
-struct BackendOps {
-    request: HeaderOps,
-    response: HeaderOps,
-}
-
-fn backend_ops(backend: &BackendRef) -> Option<BackendOps> {
-    let pick = |response: bool| {
-        filter_of(&backend.filters, |f| match (f, response) {
-            (RouteFilter::RequestHeaders(h), false) | (RouteFilter::ResponseHeaders(h), true) => {
-                Some(h)
-            }
-            _ => None,
-        })
-    };
-    let (request, response) = (pick(false), pick(true));
-    if request.is_none() && response.is_none() {
-        return None;
-    }
-    let empty = HeaderFilter::default();
-    Some(BackendOps {
-        request: HeaderOps::of(request.unwrap_or(&empty)),
-        response: HeaderOps::of(response.unwrap_or(&empty)),
-    })
-}
-
-/// A `RequestMirror` as Envoy's mirror policy: a percentage in millionths, 100 % when unset,
-/// none at 0 %. A mirror whose backend cannot be used is left out.
-fn mirror_policy(
-    mirror: &Mirror,
-    route_ns: &str,
-    destinations: &mut Destinations<'_>,
-) -> Option<route_action::RequestMirrorPolicy> {
-    mirror.backend.port?;
-    let fraction = match mirror.percent {
-        Some(p) if p <= 0.0 => return None,
-        Some(p) => FractionalPercent {
-            numerator: (p * 10_000.0) as u32,
-            denominator: fractional_percent::DenominatorType::Million as i32,
-        },
-        None => FractionalPercent {
-            numerator: 100,
-            denominator: fractional_percent::DenominatorType::Hundred as i32,
-        },
-    };
-    Some(route_action::RequestMirrorPolicy {
-        cluster: destinations.cluster(&mirror.backend, route_ns),
-        runtime_fraction: Some(RuntimeFractionalPercent {
-            default_value: Some(fraction),
-        }),
-        trace_sampled: envoy::boolean(false),
-    })
-}
-
-/// The Gateway API `retry` (istiod's `ConvertPolicy`): its attempts (2 when unset, none at
-/// 0), on connection failures and its codes, each try bounded by `backendRequest`.
-fn retry_policy(
-    retry: &crate::discovery::model::Retry,
-    per_try: Option<Duration>,
-) -> Option<RetryPolicy> {
-    let attempts = retry.attempts.unwrap_or(2);
-    if attempts == 0 {
-        return None;
-    }
-    let mut policy = crate::waypoint::listeners::default_retry_policy();
-    policy.num_retries = uint32(attempts);
-    policy.retry_on = RETRY_ON.into();
-    policy.retriable_status_codes = retry.codes.clone();
-    if !retry.codes.is_empty() {
-        policy.retry_on.push_str(",retriable-status-codes");
-    }
-    policy.per_try_timeout = per_try.and_then(duration);
-    if let Some(backoff) = retry.backoff.filter(|b| !b.is_zero()) {
-        policy.retry_back_off = Some(route::retry_policy::RetryBackOff {
-            base_interval: duration(backoff),
-            max_interval: None,
-        });
-    }
-    Some(policy)
-}
-
 /// `GetRouteOperation`: `<host>:<port><path>` for a lone known cluster, else
 /// `<VirtualService>:<listener port><path>`.
 fn operation(r: &route::Route, vs_name: &str, port: u32) -> String {
@@ -892,108 +529,10 @@ fn operation(r: &route::Route, vs_name: &str, port: u32) -> String {
     format!("{vs_name}:{port}{path}")
 }
 
-/// A service a route sends to that is not bound to this waypoint: its `outbound|…`
-/// cluster is built beside the waypoint's own.
-#[derive(Clone, Debug)]
-pub(crate) struct Outbound {
-    pub(crate) resource: Arc<Resource>,
-    pub(crate) service: Service,
-    pub(crate) port: u32,
-    pub(crate) target_port: u32,
-    pub(crate) protocol: AppProtocol,
-}
+mod action;
+mod destinations;
 
-/// Where a route's backends go: the bound services' `inbound-vip` clusters, or `outbound`
-/// clusters for the others (collected here for the builder), with the service names it
-/// looked up, found or not (a change of any of them rebuilds the config).
-pub(crate) struct Destinations<'a> {
-    snapshot: &'a Snapshot,
-    domain: &'a str,
-    /// Bound services by resource name (`ns/hostname`).
-    bound: HashMap<&'a str, &'a Service>,
-    /// Cluster name -> what it is built from.
-    pub(crate) outbound: BTreeMap<String, Outbound>,
-    /// Service resource names the routes referred to.
-    pub(crate) reads: std::collections::BTreeSet<String>,
-}
-
-impl<'a> Destinations<'a> {
-    pub(crate) fn new(
-        snapshot: &'a Snapshot,
-        domain: &'a str,
-        bound: impl Iterator<Item = (&'a str, &'a Service)>,
-    ) -> Self {
-        Destinations {
-            snapshot,
-            domain,
-            bound: bound.collect(),
-            outbound: BTreeMap::new(),
-            reads: Default::default(),
-        }
-    }
-
-    /// The cluster a backend on `port` goes to (`getWaypointDestinationCluster`).
-    fn cluster(&mut self, backend: &BackendRef, route_ns: &str) -> String {
-        let Ok(host) = backend.hostname(route_ns, self.domain) else {
-            return UNKNOWN_SERVICE.into();
-        };
-        // A backend without a port is a route istiod does not convert.
-        let port = u32::from(backend.port.unwrap_or_default());
-        let namespace = if backend.is_service() {
-            backend.namespace_or(route_ns)
-        } else {
-            route_ns
-        };
-        let key = service_key(namespace, &host);
-        self.reads.insert(key.clone());
-        if let Some(service) = self.bound.get(key.as_str()) {
-            return format!("inbound-vip|{port}|{}|{host}", subset(Some(service), port));
-        }
-        let Some((resource, service)) = self.lookup(&key) else {
-            return format!("inbound-vip|{port}|http|{host}");
-        };
-        let name = format!("outbound|{port}||{host}");
-        let Some((target_port, protocol)) = service
-            .ports
-            .iter()
-            .find(|p| p.service_port == port)
-            .map(|p| (p.target_port, p.app_protocol))
-        else {
-            // No such port: no endpoints, so no cluster; its requests get 500.
-            return name;
-        };
-        self.outbound
-            .entry(name.clone())
-            .or_insert_with(|| Outbound {
-                port,
-                target_port,
-                protocol: AppProtocol::try_from(protocol).unwrap_or(AppProtocol::Unknown),
-                resource,
-                service,
-            });
-        name
-    }
-
-    fn lookup(&self, key: &str) -> Option<(Arc<Resource>, Service)> {
-        let resource = self.snapshot.addresses.get(key)?;
-        match Address::decode(resource.value()).ok()?.r#type? {
-            address::Type::Service(s) => Some((resource.clone(), s)),
-            address::Type::Workload(_) => None,
-        }
-    }
-}
-
-/// `portToSubset`: `tcp` for a TCP or TLS port, `http` for any other and for a port the
-/// service does not have.
-fn subset(service: Option<&Service>, port: u32) -> &'static str {
-    let protocol = service
-        .and_then(|s| s.ports.iter().find(|p| p.service_port == port))
-        .map(|p| AppProtocol::try_from(p.app_protocol).unwrap_or(AppProtocol::Unknown));
-    match protocol {
-        Some(AppProtocol::Tcp | AppProtocol::Tls) => "tcp",
-        _ => "http",
-    }
-}
+pub(crate) use destinations::Destinations;
 
 #[cfg(test)]
 mod tests;

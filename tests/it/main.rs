@@ -28,6 +28,7 @@ mod kube_leader;
 mod kube_token_review;
 mod kube_writes;
 mod replicas;
+mod route_status;
 mod shutdown;
 mod status_app;
 mod status_writer;
