@@ -98,6 +98,8 @@ pub enum Rebuild {
     Nothing,
     /// Only these EDS clusters.
     Endpoints(BTreeSet<Name>),
+    /// Routes changed: the listeners and clusters; the assignments are kept, but these.
+    Routes(BTreeSet<Name>),
     Everything,
 }
 
@@ -151,6 +153,7 @@ impl WaypointConfig {
                 }
                 next
             }
+            Rebuild::Routes(refresh) => builder.build_keeping(Some((self, &refresh))),
             Rebuild::Everything => builder.build(),
         }
     }
@@ -163,11 +166,11 @@ impl WaypointConfig {
         let policies_same = self
             .policies
             .as_ref()
-            .is_some_and(|p| Arc::ptr_eq(p, &snapshot.waypoint_policies))
-            && self
-                .routes
-                .as_ref()
-                .is_some_and(|r| Arc::ptr_eq(r, &snapshot.routes));
+            .is_some_and(|p| Arc::ptr_eq(p, &snapshot.waypoint_policies));
+        let routes_same = self
+            .routes
+            .as_ref()
+            .is_some_and(|r| Arc::ptr_eq(r, &snapshot.routes));
         let Some(changed) =
             snapshot.names_changed_since(crate::discovery::TypeKind::Address, self.generation)
         else {
@@ -178,7 +181,11 @@ impl WaypointConfig {
         }
         let changed: BTreeSet<&Name> = changed.collect();
         if changed.is_empty() {
-            return Rebuild::Nothing;
+            return if routes_same {
+                Rebuild::Nothing
+            } else {
+                Rebuild::Routes(BTreeSet::new())
+            };
         }
         if Bound::names_of(&id.key, snapshot) != *self.bound {
             return Rebuild::Everything;
@@ -203,7 +210,9 @@ impl WaypointConfig {
                 }
             }
         }
-        if clusters.is_empty() {
+        if !routes_same {
+            Rebuild::Routes(clusters)
+        } else if clusters.is_empty() {
             Rebuild::Nothing
         } else {
             Rebuild::Endpoints(clusters)
@@ -269,8 +278,18 @@ fn host_range(ip: std::net::IpAddr) -> CidrRange {
     }
 }
 
+/// A config whose assignments a rebuild may keep, but those named.
+type Keep<'a> = Option<(&'a WaypointConfig, &'a BTreeSet<Name>)>;
+
 impl Builder<'_> {
     fn build(&self) -> WaypointConfig {
+        self.build_keeping(None)
+    }
+
+    /// The whole config; an assignment of `keep`'s config is reused when its cluster is built
+    /// from the same service and ports and is not named in `keep` (a route change leaves
+    /// endpoints as they were).
+    fn build_keeping(&self, keep: Keep<'_>) -> WaypointConfig {
         let snapshot = self.snapshot;
         let key = &self.id.key;
         let bound = Bound::of(key, snapshot);
@@ -373,7 +392,7 @@ impl Builder<'_> {
                         members: Arc::new([]),
                         outbound: false,
                     };
-                    let (cla, source) = self.endpoints(chain, source);
+                    let (cla, source) = self.assignment(chain, source, keep);
                     let cluster = Name::from(chain.as_str());
                     endpoints.insert(cluster.clone(), cla);
                     service_clusters
@@ -408,7 +427,7 @@ impl Builder<'_> {
                 members: Arc::new([]),
                 outbound: true,
             };
-            let (cla, source) = self.endpoints(name, source);
+            let (cla, source) = self.assignment(name, source, keep);
             let cluster = Name::from(name.as_str());
             endpoints.insert(cluster.clone(), cla);
             service_clusters
@@ -474,6 +493,30 @@ impl Builder<'_> {
             routes: Some(routes.clone()),
             route_reads: Arc::new(route_reads),
         }
+    }
+
+    /// One EDS cluster's load assignment: `keep`'s when it may be kept, else built.
+    fn assignment(
+        &self,
+        cluster: &str,
+        source: EdsSource,
+        keep: Keep<'_>,
+    ) -> (Arc<Resource>, EdsSource) {
+        if let Some((before, refresh)) = keep
+            && !refresh.contains(cluster)
+            && let Some(old) = before.eds.get(cluster)
+            && (&old.service, old.port, old.target_port, old.outbound)
+                == (
+                    &source.service,
+                    source.port,
+                    source.target_port,
+                    source.outbound,
+                )
+            && let Some(resource) = before.endpoints.get(cluster)
+        {
+            return (resource.clone(), old.clone());
+        }
+        self.endpoints(cluster, source)
     }
 
     /// One EDS cluster's load assignment, and what it was built from.

@@ -9,7 +9,8 @@
 //! * a request timeout on a slow backend answers 504;
 //! * a GRPCRoute routes by service and method;
 //! * changing a route changes what the next request gets, while a keep-alive tunnel opened
-//!   before still gets answers (the listener's changed chain drains, nothing is dropped).
+//!   before still gets answers, by the old routes (the listener's changed chain drains;
+//!   nothing is dropped).
 //!
 //! Backends: `web-v1` (a plain pod, bound to the waypoint), `web-v2` (an ambient pod reached
 //! over HBONE, *not* bound: its `outbound|…` cluster), `slow` (bound, answers after 3 s). VIPs
@@ -428,6 +429,8 @@ async fn gateway_api_routes_through_a_real_envoy() {
     );
     let old_tunnel = request(&mut before, "GET", "/v2/d", &[]).await.unwrap();
     assert_eq!(old_tunnel.status, 200, "{}", old_tunnel.body);
+    // Its connection was on the chain Envoy replaced: the old routes serve it while it drains.
+    assert_eq!(backend_of(&old_tunnel), "web-v2", "{}", old_tunnel.body);
     assert_eq!(
         envoy.stat("listener_manager.lds.update_rejected").await,
         Some(0)

@@ -828,14 +828,24 @@ status: {phase: Running, podIP: 10.244.3.1, conditions: [{type: Ready, status: "
     );
     let unrelated = index.snapshot();
     assert_eq!(config.rebuild_needed(&id, &unrelated), Rebuild::Nothing);
-    // The route changes: everything, and the same as a cold build.
+    // The route changes: listeners and clusters, the assignments kept, and the same as a
+    // cold build.
     apply(
         &mut index,
         &web_route("r", "  - backendRefs: [{name: other, port: 8080}]\n"),
     );
     let after = index.snapshot();
-    assert_eq!(config.rebuild_needed(&id, &after), Rebuild::Everything);
+    assert_eq!(
+        config.rebuild_needed(&id, &after),
+        Rebuild::Routes(Default::default())
+    );
     let next = config.update(&id, &after, &settings);
+    for (name, resource) in &config.endpoints {
+        assert!(
+            std::sync::Arc::ptr_eq(resource, &next.endpoints[name]),
+            "{name} rebuilt"
+        );
+    }
     assert_eq!(cluster(&routes_of(&next, WEB)[0]), OTHER);
     assert!(next.clusters.contains_key(OTHER));
     let cold = WaypointConfig::build(&id, &after, &settings);
@@ -867,6 +877,32 @@ status: {phase: Running, podIP: 10.244.2.10, conditions: [{type: Ready, status: 
     let updated = next.update(&id, &member, &settings);
     let cla = ClusterLoadAssignment::decode(updated.endpoints[OTHER].value()).unwrap();
     assert!(format!("{cla:?}").contains("10.244.2.10"));
+    // A route change and a member change in one step: the assignments kept but that one,
+    // and still the same as a cold build.
+    apply(
+        &mut index,
+        &(web_route(
+            "r",
+            "  - matches: [{path: {value: /x}}]\n    backendRefs: [{name: other, port: 8080}]\n",
+        ) + "---\n"
+            + r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: other-3, namespace: demo, labels: {app: other}}
+spec: {serviceAccountName: other, nodeName: node-b}
+status: {phase: Running, podIP: 10.244.2.11, conditions: [{type: Ready, status: "True"}]}
+"#),
+    );
+    let both = index.snapshot();
+    assert_eq!(
+        updated.rebuild_needed(&id, &both),
+        Rebuild::Routes([crate::discovery::snapshot::Name::from(OTHER)].into())
+    );
+    let updated = updated.update(&id, &both, &settings);
+    assert_eq!(
+        versions(&updated),
+        versions(&WaypointConfig::build(&id, &both, &settings))
+    );
     // The backend service itself changes (a port is added): everything.
     apply(
         &mut index,
