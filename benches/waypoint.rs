@@ -6,7 +6,14 @@
 //!   delta ADS on 127.0.0.1): the bytes pushed to each (target: one ClusterLoadAssignment,
 //!   < 2 KiB) and the p99 from publishing the snapshot to each stream's receipt (< 50 ms).
 //!
-//! Run: `cargo bench --bench waypoint` (`-- w1` or `-- w2` for one; `--streams N`, `--rounds N`).
+//! - W3: the same waypoint with 1,000 HTTPRoutes, one per Service: the cold build of its
+//!   config (LDS holds every chain's routes, inline as istiod sends them), and a one-route
+//!   change: the update's time, and the bytes a stream is sent (the whole `main_internal`,
+//!   as istiod re-sends it), beside what the changed chain's RouteConfiguration alone weighs
+//!   (what RDS would send).
+//!
+//! Run: `cargo bench --bench waypoint` (`-- w1`, `-- w2` or `-- w3` for one; `--streams N`,
+//! `--rounds N`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -89,6 +96,26 @@ spec:
         }
     }
     docs.join("---\n")
+}
+
+/// Service `s`'s HTTPRoute: a canary path (version `v`) with a header match to the next
+/// service, and a 90/10 split of everything else between it and the next one.
+fn route_yaml(s: usize, v: usize) -> String {
+    let next = (s + 1) % SERVICES;
+    format!(
+        r#"apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: route-{s}, namespace: {NS}}}
+spec:
+  parentRefs: [{{group: "", kind: Service, name: svc-{s}}}]
+  rules:
+  - matches: [{{path: {{type: PathPrefix, value: /api/v{v}}}, headers: [{{name: x-canary, value: "true"}}]}}]
+    backendRefs: [{{name: svc-{next}, port: 8080}}]
+  - matches: [{{path: {{type: PathPrefix, value: /}}}}]
+    timeouts: {{request: 10s}}
+    backendRefs: [{{name: svc-{s}, port: 8080, weight: 90}}, {{name: svc-{next}, port: 8080, weight: 10}}]
+"#
+    )
 }
 
 fn index_of(yaml: &str) -> Index {
@@ -221,6 +248,139 @@ fn w1(rounds: usize) {
     println!(
         "W1 update after one endpoint change: median {:.2} ms over {rounds}",
         median(updates)
+    );
+}
+
+/// Applies `yaml` (one or more documents) to the index.
+fn apply(index: &mut Index, yaml: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("change.yaml");
+    std::fs::write(&path, yaml).expect("write");
+    for object in ambientd::kube::manifests::read_file(&path).expect("manifests") {
+        index.handle(Event::Apply(object));
+    }
+}
+
+/// The encoded size of each HTTP chain's inline RouteConfiguration in `main_internal`.
+fn route_config_sizes(config: &WaypointConfig) -> BTreeMap<String, usize> {
+    use ambientd::pb::envoy::config::listener::v3::{Listener, filter};
+    use ambientd::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+        HttpConnectionManager, http_connection_manager::RouteSpecifier,
+    };
+    let main = Listener::decode(config.listeners["main_internal"].value()).expect("listener");
+    let mut sizes = BTreeMap::new();
+    for chain in &main.filter_chains {
+        for f in &chain.filters {
+            let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
+                continue;
+            };
+            if !any.type_url.ends_with("HttpConnectionManager") {
+                continue;
+            }
+            let hcm = HttpConnectionManager::decode(any.value.clone()).expect("hcm");
+            if let Some(RouteSpecifier::RouteConfig(rc)) = hcm.route_specifier {
+                sizes.insert(chain.name.clone(), rc.encoded_len());
+            }
+        }
+    }
+    sizes
+}
+
+fn w3(rounds: usize) {
+    let started = Instant::now();
+    let mut yaml = mesh_yaml();
+    for s in 0..SERVICES {
+        yaml.push_str("---\n");
+        yaml.push_str(&route_yaml(s, 1));
+    }
+    let mut index = index_of(&yaml);
+    let snapshot = index.snapshot();
+    eprintln!(
+        "W3 mesh: {} services x {} endpoints and {} HTTPRoutes indexed in {:.1} s",
+        SERVICES,
+        ENDPOINTS,
+        snapshot.routes.len(),
+        started.elapsed().as_secs_f64()
+    );
+    let settings = WaypointSettings::default();
+    let proxy = WaypointProxy::from_node(&node(0)).expect("waypoint node");
+    let id = ConfigId::of(&proxy, &snapshot, &settings.domain);
+    let mut builds = Vec::new();
+    let mut config = None;
+    for _ in 0..rounds {
+        let started = Instant::now();
+        let built = WaypointConfig::build(&id, &snapshot, &settings);
+        builds.push(started.elapsed().as_secs_f64() * 1e3);
+        config = Some(built);
+    }
+    let config = config.expect("built");
+    println!(
+        "W3 cold build with 1,000 routes (LDS+CDS+EDS): median {:.1} ms over {rounds} (min {:.1}, max {:.1})",
+        median(builds.clone()),
+        builds.iter().cloned().fold(f64::MAX, f64::min),
+        builds.iter().cloned().fold(0.0, f64::max),
+    );
+    for (label, kind) in [
+        ("LDS", ResourceType::Listener),
+        ("CDS", ResourceType::Cluster),
+        ("EDS", ResourceType::ClusterLoadAssignment),
+    ] {
+        let (count, size) = bytes(&config, kind);
+        println!(
+            "W3 {label}: {count} resources, {size} B ({:.1} KiB)",
+            size as f64 / 1024.0
+        );
+    }
+    let route_configs = route_config_sizes(&config);
+    let inline: usize = route_configs.values().sum();
+    let main = config.listeners["main_internal"].value_len();
+    println!(
+        "W3 main_internal {main} B, of which {} inline RouteConfigurations {inline} B (median {} B each)",
+        route_configs.len(),
+        median(route_configs.values().map(|v| *v as f64).collect()),
+    );
+    // One route changes (its canary path), round after round.
+    let mut current = Arc::new(config);
+    let mut updates = Vec::new();
+    let mut sent = Vec::new();
+    let mut rds = Vec::new();
+    let mut changed_names = BTreeMap::<String, usize>::new();
+    for round in 0..rounds {
+        apply(&mut index, &route_yaml(0, round + 2));
+        let snapshot = index.snapshot();
+        let started = Instant::now();
+        let next = current.update(&id, &snapshot, &settings);
+        updates.push(started.elapsed().as_secs_f64() * 1e3);
+        // What a stream holding `current` is sent: every resource whose version changed.
+        let mut bytes_sent = 0;
+        for kind in [
+            ResourceType::Listener,
+            ResourceType::Cluster,
+            ResourceType::ClusterLoadAssignment,
+        ] {
+            let before = current.of(kind).expect("type");
+            for (name, resource) in next.of(kind).expect("type") {
+                if before
+                    .get(name)
+                    .is_none_or(|b| b.version != resource.version)
+                {
+                    bytes_sent += resource.value_len();
+                    *changed_names.entry(name.to_string()).or_default() += 1;
+                }
+            }
+        }
+        sent.push(bytes_sent as f64);
+        let sizes = route_config_sizes(&next);
+        let chain = format!("inbound-vip|8080|http|svc-0.{NS}.svc.cluster.local");
+        rds.push(sizes[&chain] as f64);
+        current = Arc::new(next);
+    }
+    println!(
+        "W3 one-route change: update median {:.1} ms over {rounds}; bytes sent per stream median {:.0} B ({:?}); with RDS the changed RouteConfiguration alone would be {:.0} B",
+        median(updates),
+        median(sent),
+        changed_names.keys().collect::<Vec<_>>(),
+        median(rds),
     );
 }
 
@@ -423,5 +583,8 @@ fn main() {
     }
     if wants("w2") {
         w2(streams, rounds.max(5));
+    }
+    if wants("w3") {
+        w3(rounds);
     }
 }

@@ -14,6 +14,7 @@ pub(crate) mod network_gateway;
 pub(crate) mod peer_authentication;
 pub(crate) mod pod;
 pub(crate) mod request_authentication;
+pub(crate) mod route;
 pub(crate) mod status;
 pub(crate) mod uid;
 pub(crate) mod visibility;
@@ -34,6 +35,11 @@ pub use peer_authentication::{MtlsMode, PeerAuthentication};
 pub use pod::{ContainerPort, Owner, Pod, PodFields};
 pub use request_authentication::{
     ClaimToHeader, Jwks, JwksSource, JwtHeader, JwtRule, RequestAuthentication,
+};
+pub use route::{
+    BackendRef, GrpcMethodMatch, HeaderFilter, Mirror, ParentRef, PathMatch, PathModifier,
+    Redirect, Retry, Rewrite, Route, RouteError, RouteFilter, RouteKind, RouteMatch, RouteRule,
+    ValueMatch,
 };
 pub use status::{DesiredStatus, StatusCondition};
 pub use visibility::{ServiceEntryVisibility, Visibility, VisibilityPolicy};

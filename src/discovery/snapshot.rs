@@ -15,6 +15,7 @@ use std::sync::Arc;
 use crate::discovery::model::authorization::AuthorizationPolicy;
 use crate::discovery::model::destination_rule::DestinationRule;
 use crate::discovery::model::request_authentication::{Jwks, RequestAuthentication};
+use crate::discovery::model::route::Route;
 use crate::discovery::model::status::PolicyStatus;
 use crate::discovery::model::status::{DesiredStatus, StatusTarget};
 use crate::discovery::names::TypeKind;
@@ -176,6 +177,9 @@ pub struct Snapshot {
     /// The key sets ambientd fetched for them (`kube::jwks`), by name. The same slice until one
     /// changes.
     pub jwks: Arc<[Arc<Jwks>]>,
+    /// HTTPRoutes and GRPCRoutes, by kind, namespace and name: translated by waypoints, never
+    /// sent to ztunnel. The same slice until one of them changes.
+    pub routes: Arc<[Arc<Route>]>,
     /// `(generation, changes that produced it)`, oldest first, at most [`HISTORY`] entries and
     /// [`MIN_HISTORY_NAMES`] or an eighth of the resources' count in names.
     pub(crate) history: imbl::Vector<(u64, Arc<Changes>)>,

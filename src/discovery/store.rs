@@ -17,7 +17,7 @@ use crate::discovery::model::visibility::{ServiceEntryVisibility, Visibility};
 use crate::discovery::model::waypoint::{GATEWAY_NAME_LABEL, Waypoint};
 use crate::discovery::model::{
     AuthorizationPolicy, DestinationRule, EndpointSlice, Gateway, GatewayClass, Labels, Namespace,
-    Node, Object, ObjectRef, PeerAuthentication, Pod, Service, ServiceEntry, WorkloadEntry,
+    Node, Object, ObjectRef, PeerAuthentication, Pod, Route, Service, ServiceEntry, WorkloadEntry,
 };
 use crate::discovery::names::service_hostname;
 use crate::discovery::settings::Settings;
@@ -66,6 +66,9 @@ pub(crate) struct Store {
     request_authentications: HashMap<Key, RequestAuthentication>,
     /// Key sets fetched for RequestAuthentications, by [`Jwks::name`].
     jwks: HashMap<String, Jwks>,
+    /// HTTPRoutes and GRPCRoutes, read by waypoints only: the snapshot shares these `Arc`s.
+    http_routes: HashMap<Key, Arc<Route>>,
+    grpc_routes: HashMap<Key, Arc<Route>>,
     /// Gateways that are ready waypoints (derived from Gateway + GatewayClass).
     waypoints: HashMap<Key, Waypoint>,
     members: HashMap<String, NamespaceMembers>,
@@ -150,6 +153,20 @@ impl Store {
 
     pub(crate) fn jwks(&self) -> &HashMap<String, Jwks> {
         &self.jwks
+    }
+
+    /// HTTPRoutes, then GRPCRoutes.
+    pub(crate) fn routes(&self) -> impl Iterator<Item = (&Key, &Arc<Route>)> {
+        self.http_routes.iter().chain(self.grpc_routes.iter())
+    }
+
+    /// One HTTPRoute (`grpc` false) or GRPCRoute.
+    pub(crate) fn route(&self, grpc: bool, key: &Key) -> Option<&Arc<Route>> {
+        if grpc {
+            self.grpc_routes.get(key)
+        } else {
+            self.http_routes.get(key)
+        }
     }
 
     pub(crate) fn waypoints(&self) -> &HashMap<Key, Waypoint> {
@@ -571,6 +588,12 @@ impl Store {
             Object::Jwks(jwks) => {
                 self.jwks.insert(jwks.name.clone(), jwks);
             }
+            Object::HttpRoute(r) => {
+                self.http_routes.insert(k, Arc::new(r));
+            }
+            Object::GrpcRoute(r) => {
+                self.grpc_routes.insert(k, Arc::new(r));
+            }
             Object::EndpointSlice(slice) => {
                 self.member_mut(&k.0).slices.insert(k.1.clone());
                 if let Some(service) = &slice.service_name {
@@ -686,6 +709,14 @@ impl Store {
                 .remove(&k)
                 .map(Object::RequestAuthentication),
             Kind::Jwks => self.jwks.remove(&reference.name).map(Object::Jwks),
+            Kind::HttpRoute => self
+                .http_routes
+                .remove(&k)
+                .map(|r| Object::HttpRoute(Arc::unwrap_or_clone(r))),
+            Kind::GrpcRoute => self
+                .grpc_routes
+                .remove(&k)
+                .map(|r| Object::GrpcRoute(Arc::unwrap_or_clone(r))),
             Kind::EndpointSlice => {
                 let slice = self.slices.remove(&k)?;
                 self.member_mut(&k.0).slices.remove(&k.1);
@@ -739,6 +770,8 @@ impl Store {
             Object::DestinationRule(o) => self.destination_rules.get(&k) == Some(o),
             Object::RequestAuthentication(o) => self.request_authentications.get(&k) == Some(o),
             Object::Jwks(o) => self.jwks.get(&o.name) == Some(o),
+            Object::HttpRoute(o) => self.http_routes.get(&k).is_some_and(|r| **r == *o),
+            Object::GrpcRoute(o) => self.grpc_routes.get(&k).is_some_and(|r| **r == *o),
         }
     }
 
@@ -760,6 +793,8 @@ impl Store {
             Kind::DestinationRule => self.destination_rules.len(),
             Kind::RequestAuthentication => self.request_authentications.len(),
             Kind::Jwks => self.jwks.len(),
+            Kind::HttpRoute => self.http_routes.len(),
+            Kind::GrpcRoute => self.grpc_routes.len(),
         }
     }
 
@@ -793,6 +828,8 @@ impl Store {
             Kind::DestinationRule => keyed(kind, &self.destination_rules),
             Kind::RequestAuthentication => keyed(kind, &self.request_authentications),
             Kind::Jwks => named(kind, &self.jwks),
+            Kind::HttpRoute => keyed(kind, &self.http_routes),
+            Kind::GrpcRoute => keyed(kind, &self.grpc_routes),
         }
     }
 }

@@ -55,6 +55,11 @@ impl<V> Listed<V> {
         }
     }
 
+    /// Whether the kind is not served (its CRD is not installed): nothing will be listed.
+    pub fn unavailable(&self) -> bool {
+        self.trouble == Some(Trouble::NotServed)
+    }
+
     /// Applies one watch event. `reduce` gives an object's key and what is kept of it (`None`:
     /// nothing, and an earlier value under the key is dropped). Errors are logged as met while
     /// watching `what`, once when they start and once when they end.

@@ -22,6 +22,7 @@ pub mod mesh;
 pub mod mesh_config;
 pub mod objects;
 pub mod root_configmap;
+pub mod routes;
 pub mod security;
 pub mod status_writer;
 pub mod token_review;

@@ -17,7 +17,7 @@ use crate::discovery::model::{
     ContainerPort, IpFamily, Labels, Namespace, Node, Object, Owner, Pod, PodFields, Protocol,
     Service, ServicePort, TargetPort,
 };
-use crate::kube::{destination_rule, mesh, security};
+use crate::kube::{destination_rule, mesh, routes, security};
 
 /// The pod annotations the conversion reads; others are dropped on decode to save memory.
 const POD_ANNOTATIONS: &[&str] = &["ambient.istio.io/redirection"];
@@ -108,6 +108,10 @@ pub fn decode(value: Value) -> Vec<Decoded> {
         ("security.istio.io/v1" | "security.istio.io/v1beta1", "RequestAuthentication") => {
             security::decode_request_authentication(&value).map(Object::RequestAuthentication)
         }
+        ("gateway.networking.k8s.io/v1" | "gateway.networking.k8s.io/v1beta1", "HTTPRoute") => {
+            routes::http_route(&value)
+        }
+        ("gateway.networking.k8s.io/v1", "GRPCRoute") => routes::grpc_route(&value),
         _ => return vec![Decoded::Ignored(kind_name)],
     };
     vec![match result {

@@ -263,3 +263,70 @@ pub(crate) fn inbound_vip(
     ));
     cluster
 }
+
+/// An `outbound|<port>||<host>` cluster (§3.3) for a service a route sends to that is not
+/// bound to this waypoint: EDS like `inbound-vip`, but as istiod builds a sidecar's outbound
+/// cluster with HBONE: endpoints marked `tunnel: http` go through `connect_originate` (an
+/// internal upstream passing their metadata on), the others are plain.
+pub(crate) fn outbound(
+    name: &str,
+    hostname: &str,
+    service_name: &str,
+    namespace: &str,
+    protocol: PortProtocol,
+) -> Cluster {
+    let http = protocol != PortProtocol::Tcp;
+    let mut cluster = inbound_vip(
+        name,
+        hostname,
+        service_name,
+        namespace,
+        protocol,
+        http,
+        None,
+    );
+    cluster.alt_stat_name = String::new();
+    let source =
+        |kind: metadata_kind::Kind, name: &str| internal_upstream_transport::MetadataValueSource {
+            kind: Some(MetadataKind { kind: Some(kind) }),
+            name: name.into(),
+        };
+    let hbone = envoy::transport_socket(
+        "envoy.transport_sockets.internal_upstream",
+        any(
+            envoy::INTERNAL_UPSTREAM,
+            &InternalUpstreamTransport {
+                passthrough_metadata: vec![
+                    source(
+                        metadata_kind::Kind::Host(Default::default()),
+                        ORIGINAL_DST_METADATA,
+                    ),
+                    source(metadata_kind::Kind::Cluster(Default::default()), "istio"),
+                    source(metadata_kind::Kind::Host(Default::default()), "istio"),
+                ],
+                transport_socket: Some(raw_buffer()),
+            },
+        ),
+    );
+    cluster.transport_socket = None;
+    cluster.transport_socket_matches = vec![
+        cluster::cluster::TransportSocketMatch {
+            name: "hbone".into(),
+            r#match: Some(envoy::object(vec![(
+                TUNNEL_LABEL,
+                envoy::string_value(TUNNEL_HTTP),
+            )])),
+            transport_socket: Some(hbone),
+        },
+        cluster::cluster::TransportSocketMatch {
+            name: "tlsMode-disabled".into(),
+            r#match: Some(Default::default()),
+            transport_socket: Some(raw_buffer()),
+        },
+    ];
+    cluster
+}
+
+/// The endpoint metadata key and value that pick the `hbone` transport socket.
+pub(crate) const TUNNEL_LABEL: &str = "tunnel";
+pub(crate) const TUNNEL_HTTP: &str = "http";

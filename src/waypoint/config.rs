@@ -5,7 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use crate::discovery::model::{AuthorizationPolicy, DestinationRule, Jwks, RequestAuthentication};
+use crate::discovery::model::{
+    AuthorizationPolicy, DestinationRule, Jwks, RequestAuthentication, Route,
+};
 use crate::discovery::names::ResourceType;
 use crate::discovery::snapshot::Name;
 use crate::discovery::{Resource, Snapshot};
@@ -19,6 +21,7 @@ use crate::waypoint::listeners::{
     self, Chain, ChainSpec, ListenerSettings, PortProtocol, ServiceMatch, rbac_kind,
 };
 use crate::waypoint::proxy::{Extensions, WaypointProxy};
+use crate::waypoint::routes::{Destinations, RouteIndex};
 use crate::waypoint::traffic_policy::{AppliedPolicy, ChainTraffic};
 use crate::waypoint::{WaypointSettings, clusters, endpoints};
 use crate::waypoint::{jwt, rbac};
@@ -80,6 +83,11 @@ pub struct WaypointConfig {
     destination_rules: Option<Arc<[Arc<DestinationRule>]>>,
     authentications: Option<Arc<[Arc<RequestAuthentication>]>>,
     jwks: Option<Arc<[Arc<Jwks>]>>,
+    /// The routes it was built with (shared the same way).
+    routes: Option<Arc<[Arc<Route>]>>,
+    /// The services (`ns/hostname`) its routes send to, found or not: a change of one
+    /// changes clusters or route targets.
+    route_reads: Arc<BTreeSet<String>>,
 }
 
 /// What one EDS cluster was built from.
@@ -89,6 +97,8 @@ struct EdsSource {
     port: u32,
     target_port: u32,
     members: Arc<[Name]>,
+    /// An `outbound|…` cluster (its HBONE endpoints say so in their metadata).
+    outbound: bool,
 }
 
 /// How much of a config a snapshot's changes need rebuilt.
@@ -97,6 +107,8 @@ pub enum Rebuild {
     Nothing,
     /// Only these EDS clusters.
     Endpoints(BTreeSet<Name>),
+    /// Routes changed: the listeners and clusters; the assignments are kept, but these.
+    Routes(BTreeSet<Name>),
     Everything,
 }
 
@@ -150,6 +162,7 @@ impl WaypointConfig {
                 }
                 next
             }
+            Rebuild::Routes(refresh) => builder.build_keeping(Some((self, &refresh))),
             Rebuild::Everything => builder.build(),
         }
     }
@@ -175,6 +188,10 @@ impl WaypointConfig {
                 .jwks
                 .as_ref()
                 .is_some_and(|j| Arc::ptr_eq(j, &snapshot.jwks));
+        let routes_same = self
+            .routes
+            .as_ref()
+            .is_some_and(|r| Arc::ptr_eq(r, &snapshot.routes));
         let Some(changed) =
             snapshot.names_changed_since(crate::discovery::TypeKind::Address, self.generation)
         else {
@@ -185,7 +202,11 @@ impl WaypointConfig {
         }
         let changed: BTreeSet<&Name> = changed.collect();
         if changed.is_empty() {
-            return Rebuild::Nothing;
+            return if routes_same {
+                Rebuild::Nothing
+            } else {
+                Rebuild::Routes(BTreeSet::new())
+            };
         }
         if Bound::names_of(&id.key, snapshot) != *self.bound {
             return Rebuild::Everything;
@@ -194,7 +215,7 @@ impl WaypointConfig {
         for name in changed {
             // A bound service or workload itself. (A change of the waypoint's own Services
             // changes its key, and so which config it is given.)
-            if self.bound.contains(name.as_str()) {
+            if self.bound.contains(name.as_str()) || self.route_reads.contains(name.as_str()) {
                 return Rebuild::Everything;
             }
             // A member of a bound service, now or before: that service's EDS clusters.
@@ -210,7 +231,9 @@ impl WaypointConfig {
                 }
             }
         }
-        if clusters.is_empty() {
+        if !routes_same {
+            Rebuild::Routes(clusters)
+        } else if clusters.is_empty() {
             Rebuild::Nothing
         } else {
             Rebuild::Endpoints(clusters)
@@ -276,8 +299,18 @@ fn host_range(ip: std::net::IpAddr) -> CidrRange {
     }
 }
 
+/// A config whose assignments a rebuild may keep, but those named.
+type Keep<'a> = Option<(&'a WaypointConfig, &'a BTreeSet<Name>)>;
+
 impl Builder<'_> {
     fn build(&self) -> WaypointConfig {
+        self.build_keeping(None)
+    }
+
+    /// The whole config; an assignment of `keep`'s config is reused when its cluster is built
+    /// from the same service and ports and is not named in `keep` (a route change leaves
+    /// endpoints as they were).
+    fn build_keeping(&self, keep: Keep<'_>) -> WaypointConfig {
         let snapshot = self.snapshot;
         let key = &self.id.key;
         let bound = Bound::of(key, snapshot);
@@ -316,6 +349,13 @@ impl Builder<'_> {
             )
         };
 
+        let routes = snapshot.routes.clone();
+        let route_index = RouteIndex::new(&routes, &key.namespace, &key.gateway);
+        let mut destinations = Destinations::new(
+            snapshot,
+            &self.settings.domain,
+            bound.services.iter().map(|(r, s)| (r.name.as_str(), s)),
+        );
         let mut chains: Vec<Chain> = Vec::new();
         let mut matches: Vec<ServiceMatch> = Vec::new();
         let mut clusters = vec![clusters::main_internal(), clusters::encap()];
@@ -323,10 +363,11 @@ impl Builder<'_> {
         let mut eds = imbl::OrdMap::new();
         let mut service_clusters: BTreeMap<Name, Vec<Name>> = BTreeMap::new();
         for (resource, service) in &bound.services {
+            let kubernetes = is_kubernetes(service, &self.settings.domain);
             let target = Target::Service {
                 namespace: &service.namespace,
                 name: &service.name,
-                kubernetes: is_kubernetes(service, &self.settings.domain),
+                kubernetes,
             };
             let on_service = attached(target);
             let rbac_http = rbac::chain_rbac(on_service.iter().copied(), rbac_kind(true));
@@ -356,6 +397,16 @@ impl Builder<'_> {
                     if (is_http && !protocol.has_http()) || (!is_http && !protocol.has_tcp()) {
                         continue;
                     }
+                    let routes = (is_http && !route_index.is_empty())
+                        .then(|| {
+                            route_index.chain_routes(
+                                service,
+                                kubernetes,
+                                port.service_port,
+                                &mut destinations,
+                            )
+                        })
+                        .flatten();
                     let spec = ChainSpec {
                         name: chain,
                         hostname: &service.hostname,
@@ -369,11 +420,12 @@ impl Builder<'_> {
                         },
                         traffic: &traffic,
                         jwt: if is_http { jwt_http.clone() } else { None },
+                        routes,
                     };
                     chains.push(if is_http {
-                        listeners::http_chain(&spec, &settings)
+                        listeners::http_chain(spec, &settings)
                     } else {
-                        listeners::tcp_chain(&spec, &settings)
+                        listeners::tcp_chain(spec, &settings)
                     });
                     clusters.push(clusters::inbound_vip(
                         chain,
@@ -389,8 +441,9 @@ impl Builder<'_> {
                         port: port.service_port,
                         target_port: port.target_port,
                         members: Arc::new([]),
+                        outbound: false,
                     };
-                    let (cla, source) = self.endpoints(chain, source);
+                    let (cla, source) = self.assignment(chain, source, keep);
                     let cluster = Name::from(chain.as_str());
                     endpoints.insert(cluster.clone(), cla);
                     service_clusters
@@ -409,6 +462,33 @@ impl Builder<'_> {
                 .collect();
             matches.push(ServiceMatch { vips, ports });
         }
+        // The services routes send to that are not bound here (§3.3).
+        for (name, out) in &destinations.outbound {
+            clusters.push(clusters::outbound(
+                name,
+                &out.service.hostname,
+                &out.service.name,
+                &out.service.namespace,
+                port_protocol(out.protocol as i32),
+            ));
+            let source = EdsSource {
+                service: out.resource.name.clone(),
+                port: out.port,
+                target_port: out.target_port,
+                members: Arc::new([]),
+                outbound: true,
+            };
+            let (cla, source) = self.assignment(name, source, keep);
+            let cluster = Name::from(name.as_str());
+            endpoints.insert(cluster.clone(), cla);
+            service_clusters
+                .entry(out.resource.name.clone())
+                .or_default()
+                .push(cluster.clone());
+            eds.insert(cluster, source);
+        }
+        let route_reads = std::mem::take(&mut destinations.reads);
+        drop(destinations);
         clusters.push(clusters::connect_originate(
             &self.settings.trust_domain,
             &key.namespace,
@@ -465,7 +545,33 @@ impl Builder<'_> {
             destination_rules: Some(destination_rules),
             authentications: Some(authentications),
             jwks: Some(snapshot.jwks.clone()),
+            routes: Some(routes.clone()),
+            route_reads: Arc::new(route_reads),
         }
+    }
+
+    /// One EDS cluster's load assignment: `keep`'s when it may be kept, else built.
+    fn assignment(
+        &self,
+        cluster: &str,
+        source: EdsSource,
+        keep: Keep<'_>,
+    ) -> (Arc<Resource>, EdsSource) {
+        if let Some((before, refresh)) = keep
+            && !refresh.contains(cluster)
+            && let Some(old) = before.eds.get(cluster)
+            && (&old.service, old.port, old.target_port, old.outbound)
+                == (
+                    &source.service,
+                    source.port,
+                    source.target_port,
+                    source.outbound,
+                )
+            && let Some(resource) = before.endpoints.get(cluster)
+        {
+            return (resource.clone(), old.clone());
+        }
+        self.endpoints(cluster, source)
     }
 
     /// One EDS cluster's load assignment, and what it was built from.
@@ -478,6 +584,7 @@ impl Builder<'_> {
             source.port,
             source.target_port,
             members.iter().map(|(_, w)| w),
+            source.outbound,
         );
         let resource = Resource::encode(ResourceType::ClusterLoadAssignment, cluster, &cla);
         (Arc::new(resource), source)

@@ -11,18 +11,20 @@ use crate::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
 };
 use crate::pb::istio::workload::{TunnelProtocol, Workload, WorkloadStatus};
-use crate::waypoint::clusters::ORIGINAL_DST_METADATA;
+use crate::waypoint::clusters::{ORIGINAL_DST_METADATA, TUNNEL_HTTP, TUNNEL_LABEL};
 use crate::waypoint::envoy::{self, internal_address, socket_address, uint32};
 use crate::waypoint::listeners::CONNECT_ORIGINATE;
 
 /// The cluster's load assignment: `members` that serve `service_port` of `service_key`
-/// (`ns/hostname`), grouped by locality.
+/// (`ns/hostname`), grouped by locality. An `outbound` cluster's HBONE endpoints also carry
+/// `envoy.transport_socket_match {tunnel: http}`, which picks its HBONE transport socket.
 pub(crate) fn load_assignment<'a>(
     cluster: &str,
     service_key: &str,
     service_port: u32,
     default_target: u32,
     members: impl Iterator<Item = &'a Workload>,
+    outbound: bool,
 ) -> ClusterLoadAssignment {
     let mut by_locality: BTreeMap<(String, String, String), Vec<LbEndpoint>> = BTreeMap::new();
     for workload in members {
@@ -39,7 +41,7 @@ pub(crate) fn load_assignment<'a>(
         by_locality
             .entry((locality.region, locality.zone, locality.subzone))
             .or_default()
-            .push(lb_endpoint(workload, ip, port));
+            .push(lb_endpoint(workload, ip, port, outbound));
     }
     ClusterLoadAssignment {
         cluster_name: cluster.into(),
@@ -75,7 +77,7 @@ fn target_port(w: &Workload, service_key: &str, service_port: u32, default: u32)
     })
 }
 
-fn lb_endpoint(w: &Workload, ip: IpAddr, port: u32) -> LbEndpoint {
+fn lb_endpoint(w: &Workload, ip: IpAddr, port: u32, outbound: bool) -> LbEndpoint {
     let ip_port = match ip {
         IpAddr::V4(v4) => format!("{v4}:{port}"),
         IpAddr::V6(v6) => format!("[{v6}]:{port}"),
@@ -105,6 +107,12 @@ fn lb_endpoint(w: &Workload, ip: IpAddr, port: u32) -> LbEndpoint {
             ORIGINAL_DST_METADATA.to_string(),
             envoy::object(vec![("local", envoy::string_value(ip_port.clone()))]),
         );
+        if outbound {
+            filter_metadata.insert(
+                "envoy.transport_socket_match".to_string(),
+                envoy::object(vec![(TUNNEL_LABEL, envoy::string_value(TUNNEL_HTTP))]),
+            );
+        }
         Endpoint {
             address: Some(internal_address(CONNECT_ORIGINATE, &ip_port)),
             ..Default::default()

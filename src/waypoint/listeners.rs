@@ -485,11 +485,14 @@ pub(crate) struct ChainSpec<'a> {
     pub(crate) traffic: &'a ChainTraffic,
     /// The chain's `jwt_authn` filter (HTTP chains with RequestAuthentications).
     pub(crate) jwt: Option<JwtAuthentication>,
+    /// The chain's routes from Gateway API routes (`crate::waypoint::routes`); `None`: the
+    /// default route.
+    pub(crate) routes: Option<Vec<Route>>,
 }
 
 /// A service's HTTP chain `inbound-vip|<port>|http|<host>` (§2.2): an HCM with the service's
-/// `jwt_authn` and RBAC, and the default route to its cluster (§4.2).
-pub(crate) fn http_chain(spec: &ChainSpec<'_>, s: &ListenerSettings<'_>) -> Chain {
+/// `jwt_authn` and RBAC, and its routes, or the default route to its cluster (§4.2).
+pub(crate) fn http_chain(spec: ChainSpec<'_>, s: &ListenerSettings<'_>) -> Chain {
     let mut filters = auth_filters(spec.jwt.as_ref(), &spec.rbac);
     filters.push(http_filter(
         "envoy.filters.http.grpc_stats",
@@ -532,19 +535,27 @@ pub(crate) fn http_chain(spec: &ChainSpec<'_>, s: &ListenerSettings<'_>) -> Chai
         ));
     }
     filters.push(router());
-    let route_config = RouteConfiguration {
-        name: spec.name.into(),
-        validate_clusters: envoy::boolean(false),
-        max_direct_response_body_size_bytes: uint32(1024 * 1024),
-        virtual_hosts: vec![VirtualHost {
-            name: format!("inbound|http|{}", spec.port),
-            domains: vec!["*".into()],
-            routes: vec![default_route(
+    // istiod's route config from routes has no direct-response limit; the default one has.
+    let (routes, max_direct_response) = match spec.routes {
+        Some(routes) => (routes, None),
+        None => (
+            vec![default_route(
                 spec.cluster,
                 spec.hostname,
                 spec.port,
                 spec.traffic,
             )],
+            uint32(1024 * 1024),
+        ),
+    };
+    let route_config = RouteConfiguration {
+        name: spec.name.into(),
+        validate_clusters: envoy::boolean(false),
+        max_direct_response_body_size_bytes: max_direct_response,
+        virtual_hosts: vec![VirtualHost {
+            name: format!("inbound|http|{}", spec.port),
+            domains: vec!["*".into()],
+            routes,
         }],
     };
     let manager = http_manager(
@@ -567,7 +578,7 @@ pub(crate) fn http_chain(spec: &ChainSpec<'_>, s: &ListenerSettings<'_>) -> Chai
 
 /// A service's TCP chain `inbound-vip|<port>|tcp|<host>`: its RBAC, then tcp_proxy to its
 /// cluster.
-pub(crate) fn tcp_chain(spec: &ChainSpec<'_>, s: &ListenerSettings<'_>) -> Chain {
+pub(crate) fn tcp_chain(spec: ChainSpec<'_>, s: &ListenerSettings<'_>) -> Chain {
     let mut filters = Vec::new();
     if s.extensions.metadata_exchange {
         filters.push(metadata_exchange());
@@ -757,25 +768,30 @@ fn default_route(cluster: &str, hostname: &str, port: u32, traffic: &ChainTraffi
             )),
             timeout: seconds(0),
             max_grpc_timeout: seconds(0),
-            retry_policy: Some(RetryPolicy {
-                retry_on:
-                    "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
-                        .into(),
-                num_retries: uint32(2),
-                retry_host_predicate: vec![route::retry_policy::RetryHostPredicate {
-                    name: "envoy.retry_host_predicates.previous_hosts".into(),
-                    config_type: Some(
-                        route::retry_policy::retry_host_predicate::ConfigType::TypedConfig(empty(
-                            envoy::PREVIOUS_HOSTS,
-                        )),
-                    ),
-                }],
-                host_selection_retry_max_attempts: 5,
-                ..Default::default()
-            }),
+            retry_policy: Some(default_retry_policy()),
             hash_policy: traffic.hash_policy.clone().into_iter().collect(),
             ..Default::default()
         })),
+        ..Default::default()
+    }
+}
+
+/// Istio's default retry policy (the mesh's `defaultHttpRetryPolicy` unset): two retries on
+/// connection failures, refused streams and `unavailable`, on another host.
+pub(crate) fn default_retry_policy() -> RetryPolicy {
+    RetryPolicy {
+        retry_on: "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
+            .into(),
+        num_retries: uint32(2),
+        retry_host_predicate: vec![route::retry_policy::RetryHostPredicate {
+            name: "envoy.retry_host_predicates.previous_hosts".into(),
+            config_type: Some(
+                route::retry_policy::retry_host_predicate::ConfigType::TypedConfig(empty(
+                    envoy::PREVIOUS_HOSTS,
+                )),
+            ),
+        }],
+        host_selection_retry_max_attempts: 5,
         ..Default::default()
     }
 }

@@ -21,6 +21,7 @@
 //! | `rbac` | AuthorizationPolicies with `targetRefs` as Envoy RBAC |
 //! | `jwt` | RequestAuthentications with `targetRefs` as `jwt_authn`, and RBAC's JWT principals |
 //! | `key_set` | whether Envoy accepts a key set inline |
+//! | `routes` | HTTPRoutes and GRPCRoutes as the HTTP chains' routes, and the `outbound` clusters they need |
 //! | `config` | the whole config, and its incremental update |
 
 mod attach;
@@ -35,6 +36,7 @@ mod key_set;
 mod listeners;
 mod proxy;
 mod rbac;
+mod routes;
 mod traffic_policy;
 
 #[cfg(test)]

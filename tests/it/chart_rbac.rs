@@ -78,6 +78,15 @@ fn api_calls<'a>(own: &'a str, watched: &'a [WatchedKind]) -> Vec<ApiCall<'a>> {
             );
         }
     }
+    // Route status, by the waypoint controller's route task.
+    for resource in ["httproutes", "grpcroutes"] {
+        calls.push(
+            ApiCall::new("patch", "gateway.networking.k8s.io", resource)
+                .sub("status")
+                .ns("bookinfo")
+                .named("x"),
+        );
+    }
     calls
 }
 

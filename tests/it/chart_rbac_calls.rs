@@ -4,7 +4,7 @@
 //! creating the CA Secret, root ConfigMaps in several namespaces (one restored after deletion,
 //! one patched back after an edit),
 //! status conditions on an AuthorizationPolicy, a Service, a ServiceEntry and a WorkloadEntry
-//! bound to a waypoint, a CSR whose token goes to a TokenReview, and a graceful stop (the Lease
+//! bound to a waypoint, the status of an HTTPRoute and a GRPCRoute, a CSR whose token goes to a TokenReview, and a graceful stop (the Lease
 //! released). Then every call in the fake's request log must be allowed by the chart's rules
 //! (default values, release namespace = the replicas' system namespace), and every rule of the
 //! chart must be used by some call, unless it is listed in [`RESERVED`] with a reason.
@@ -72,6 +72,14 @@ fn seed(fake: &FakeApiServer) {
         "metadata": {"name": "policy", "namespace": "ns"},
         "spec": {"action": "DENY", "rules": [{"to": [{"operation": {"ports": ["80"]}}]}]},
     }));
+    for kind in ["HTTPRoute", "GRPCRoute"] {
+        fake.apply(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": kind,
+            "metadata": {"name": "route", "namespace": "ns"},
+            "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "svc"}],
+                     "rules": [{"backendRefs": [{"name": "svc", "port": 80}]}]},
+        }));
+    }
 }
 
 fn condition(fake: &FakeApiServer, api_version: &str, kind: &str, name: &str, ty: &str) -> bool {
@@ -156,6 +164,17 @@ async fn exercise() -> BTreeSet<kube_support::ApiCall> {
     ] {
         until(&format!("{ty} on the {kind}"), || {
             condition(&fake, api_version, kind, name, ty)
+        })
+        .await;
+    }
+    for kind in ["HTTPRoute", "GRPCRoute"] {
+        until(&format!("the {kind}'s status"), || {
+            fake.get("gateway.networking.k8s.io/v1", kind, "ns", "route")
+                .is_some_and(|r| {
+                    r["status"]["parents"]
+                        .as_array()
+                        .is_some_and(|p| !p.is_empty())
+                })
         })
         .await;
     }
@@ -256,6 +275,8 @@ async fn the_charts_rbac_allows_every_call_in_the_log_and_nothing_unused() {
         ("patch", "serviceentries", Some("status")),
         ("patch", "workloadentries", Some("status")),
         ("patch", "authorizationpolicies", Some("status")),
+        ("patch", "httproutes", Some("status")),
+        ("patch", "grpcroutes", Some("status")),
     ] {
         assert!(
             calls.iter().any(|c| c.verb == verb

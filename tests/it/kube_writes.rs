@@ -259,9 +259,11 @@ async fn root_configmaps_everywhere_selected_restored_and_refreshed() {
             // The waypoint controller: GatewayClass istio-waypoint and its status, and the
             // applies and status of waypoint Gateways (none in this scenario).
             ("create", "gateway.networking.k8s.io", "gatewayclasses") => true,
-            ("patch", "gateway.networking.k8s.io", "gatewayclasses" | "gateways") => {
-                call.subresource.as_deref() == Some("status")
-            }
+            (
+                "patch",
+                "gateway.networking.k8s.io",
+                "gatewayclasses" | "gateways" | "httproutes" | "grpcroutes",
+            ) => call.subresource.as_deref() == Some("status"),
             ("patch", "", "serviceaccounts" | "services") | ("patch", "apps", "deployments") => {
                 call.subresource.is_none()
             }

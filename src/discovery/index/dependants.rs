@@ -299,6 +299,8 @@ impl Index {
                 }
                 self.hostname_rivals(&se.hosts, targets);
             }
+            // Routes build nothing here: waypoints translate them from the snapshot.
+            Object::HttpRoute(_) | Object::GrpcRoute(_) => {}
         }
     }
 

@@ -18,6 +18,7 @@ use crate::discovery::model::Key;
 use crate::discovery::model::authorization::{AuthorizationPolicy, REVISION_LABEL};
 use crate::discovery::model::destination_rule::DestinationRule;
 use crate::discovery::model::request_authentication::{Jwks, RequestAuthentication};
+use crate::discovery::model::route::Route;
 use crate::discovery::model::status::PolicyStatus;
 use crate::discovery::model::status::{DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::model::visibility::ServiceEntryVisibility;
@@ -83,6 +84,11 @@ pub struct Index {
     waypoint_authentications: Arc<[Arc<RequestAuthentication>]>,
     jwks: Arc<[Arc<Jwks>]>,
     waypoint_authentication_stale: bool,
+    /// HTTPRoutes and GRPCRoutes, by kind and key, rebuilt (sharing the store's `Arc`s) when
+    /// a route changed since the last snapshot. A route builds no resource here: waypoints
+    /// translate it, and tell a change by the slice's pointer.
+    routes: Arc<[Arc<Route>]>,
+    routes_stale: bool,
     /// Resource names each target produced last time, sorted (most targets produce one: a
     /// boxed slice, where a `BTreeSet` would allocate a node of eleven). Pods have no entry
     /// here nor in `owners`: a pod's only resource is named from its key.
@@ -126,6 +132,8 @@ impl Index {
             waypoint_authentications: Arc::new([]),
             jwks: Arc::new([]),
             waypoint_authentication_stale: false,
+            routes: Arc::new([]),
+            routes_stale: false,
             produced: HashMap::new(),
             owners: HashMap::new(),
             policy_status: PersistentMap::default(),
@@ -266,6 +274,15 @@ impl Index {
             rules.sort_by(|a, b| a.age_order(b));
             self.destination_rules = rules.into_iter().map(|r| Arc::new(r.clone())).collect();
         }
+        if std::mem::take(&mut self.routes_stale) {
+            let mut routes: Vec<(Kind, &Key, &Arc<Route>)> = self
+                .store
+                .routes()
+                .map(|(k, r)| (route_kind(r), k, r))
+                .collect();
+            routes.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+            self.routes = routes.into_iter().map(|(_, _, r)| r.clone()).collect();
+        }
         let changes = std::mem::take(&mut self.unpublished);
         self.generation += 1;
         if std::mem::take(&mut self.unpublished_overflow) {
@@ -301,6 +318,7 @@ impl Index {
             destination_rules: self.destination_rules.clone(),
             waypoint_authentications: self.waypoint_authentications.clone(),
             jwks: self.jwks.clone(),
+            routes: self.routes.clone(),
             history: self.history.clone(),
             policy_status: self.policy_status.clone(),
             statuses: self.statuses.clone(),
@@ -319,13 +337,14 @@ impl Index {
     /// RequestAuthentication, a key set) counts even when no ztunnel resource or status
     /// changed with it: waypoints read it from the next snapshot.
     pub(crate) fn has_unpublished(&self) -> bool {
-        // Waypoint inputs (policies, DestinationRules, RequestAuthentications, key sets) may
-        // change no resource of the index, only what waypoints build.
+        // Waypoint inputs (policies, DestinationRules, RequestAuthentications, key sets,
+        // routes) may change no resource of the index, only what waypoints build.
         self.unpublished_overflow
             || !self.unpublished.is_empty()
             || self.waypoint_policies_stale
             || self.destination_rules_stale
             || self.waypoint_authentication_stale
+            || self.routes_stale
     }
 
     /// Marks what waypoints read from the snapshot as stale when an object of `kind` changes.
@@ -334,6 +353,7 @@ impl Index {
             Kind::AuthorizationPolicy => self.waypoint_policies_stale = true,
             Kind::DestinationRule => self.destination_rules_stale = true,
             Kind::RequestAuthentication | Kind::Jwks => self.waypoint_authentication_stale = true,
+            kind if is_route(kind) => self.routes_stale = true,
             _ => {}
         }
     }
@@ -415,6 +435,12 @@ impl Index {
                 .cloned()
                 .map(Object::RequestAuthentication),
             Kind::Jwks => s.jwks().get(&r.name).cloned().map(Object::Jwks),
+            Kind::HttpRoute => s
+                .route(false, &k)
+                .map(|route| Object::HttpRoute((**route).clone())),
+            Kind::GrpcRoute => s
+                .route(true, &k)
+                .map(|route| Object::GrpcRoute((**route).clone())),
         }
     }
 
@@ -760,6 +786,17 @@ fn remove_name<K: Hash + Ord + Clone + Borrow<Q>, Q: Hash + Ord + ?Sized>(
         map.remove(key);
     } else if let Some(names) = map.get_mut(key) {
         names.remove(at);
+    }
+}
+
+fn is_route(kind: Kind) -> bool {
+    matches!(kind, Kind::HttpRoute | Kind::GrpcRoute)
+}
+
+fn route_kind(route: &Route) -> Kind {
+    match route.kind {
+        crate::discovery::model::route::RouteKind::Http => Kind::HttpRoute,
+        crate::discovery::model::route::RouteKind::Grpc => Kind::GrpcRoute,
     }
 }
 

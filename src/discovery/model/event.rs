@@ -10,6 +10,7 @@ use crate::discovery::model::kinds::{
 use crate::discovery::model::peer_authentication::PeerAuthentication;
 use crate::discovery::model::pod::Pod;
 use crate::discovery::model::request_authentication::{Jwks, RequestAuthentication};
+use crate::discovery::model::route::Route;
 use crate::discovery::model::visibility::ServiceEntryVisibility;
 
 /// The kinds of object the index understands.
@@ -31,11 +32,13 @@ pub enum Kind {
     /// A key set ambientd fetched for a RequestAuthentication's `jwksUri` (`kube::jwks`):
     /// not listed by any source, so not in [`Kind::ALL`].
     Jwks,
+    HttpRoute,
+    GrpcRoute,
 }
 
 impl Kind {
     /// Every kind, in the order a full load applies them (containers before contents).
-    pub const ALL: [Kind; 13] = [
+    pub const ALL: [Kind; 15] = [
         Kind::Namespace,
         Kind::Node,
         Kind::GatewayClass,
@@ -49,6 +52,8 @@ impl Kind {
         Kind::PeerAuthentication,
         Kind::DestinationRule,
         Kind::RequestAuthentication,
+        Kind::HttpRoute,
+        Kind::GrpcRoute,
     ];
 
     /// Whether objects of this kind live in a namespace.
@@ -111,6 +116,10 @@ pub enum Object {
     DestinationRule(DestinationRule),
     RequestAuthentication(RequestAuthentication),
     Jwks(Jwks),
+    /// An HTTPRoute (`kind` [`crate::discovery::model::RouteKind::Http`]).
+    HttpRoute(Route),
+    /// A GRPCRoute (`kind` [`crate::discovery::model::RouteKind::Grpc`]).
+    GrpcRoute(Route),
 }
 
 impl Object {
@@ -130,6 +139,8 @@ impl Object {
             Object::DestinationRule(_) => Kind::DestinationRule,
             Object::RequestAuthentication(_) => Kind::RequestAuthentication,
             Object::Jwks(_) => Kind::Jwks,
+            Object::HttpRoute(_) => Kind::HttpRoute,
+            Object::GrpcRoute(_) => Kind::GrpcRoute,
         }
     }
 
@@ -149,6 +160,7 @@ impl Object {
             Object::PeerAuthentication(o) => (o.namespace.as_str(), &o.name),
             Object::DestinationRule(o) => (o.namespace.as_str(), &o.name),
             Object::RequestAuthentication(o) => (o.namespace.as_str(), &o.name),
+            Object::HttpRoute(o) | Object::GrpcRoute(o) => (o.namespace.as_str(), &o.name),
         };
         ObjectRef::new(self.kind(), namespace, name)
     }

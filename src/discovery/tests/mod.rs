@@ -11,6 +11,7 @@ mod index;
 mod index_changes;
 mod index_services;
 mod reset_property;
+mod routes;
 mod service_entry_visibility;
 mod status_conditions;
 mod waypoint_inputs;

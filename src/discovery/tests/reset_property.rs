@@ -517,6 +517,38 @@ fn request_authentication_object() -> impl Strategy<Value = Object> {
         })
 }
 
+fn route_object() -> impl Strategy<Value = Object> {
+    (
+        (select(&["a", "b"][..]), select(&["r0", "r1"][..])),
+        any::<bool>(),
+        select(&APPS[..]),
+        0..3i64,
+    )
+        .prop_map(|((ns, name), grpc, app, generation)| {
+            let route = crate::discovery::model::Route {
+                kind: if grpc {
+                    crate::discovery::model::RouteKind::Grpc
+                } else {
+                    crate::discovery::model::RouteKind::Http
+                },
+                name: name.into(),
+                namespace: ns.into(),
+                generation,
+                parent_refs: vec![crate::discovery::model::ParentRef {
+                    kind: "Service".into(),
+                    name: app.into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            if grpc {
+                Object::GrpcRoute(route)
+            } else {
+                Object::HttpRoute(route)
+            }
+        })
+}
+
 fn object() -> impl Strategy<Value = Object> {
     prop_oneof![
         2 => namespace_object(),
@@ -532,6 +564,7 @@ fn object() -> impl Strategy<Value = Object> {
         2 => peer_authentication_object(),
         1 => destination_rule_object(),
         1 => request_authentication_object(),
+        1 => route_object(),
     ]
 }
 
@@ -632,6 +665,8 @@ struct Observed {
     /// What waypoints read besides resources.
     waypoint_policies: Vec<AuthorizationPolicy>,
     waypoint_authentications: Vec<RequestAuthentication>,
+    /// The routes waypoints read, in the snapshot's order.
+    routes: Vec<crate::discovery::model::Route>,
 }
 
 fn observed(s: &Snapshot) -> Observed {
@@ -669,6 +704,7 @@ fn observed(s: &Snapshot) -> Observed {
             .iter()
             .map(|ra| (**ra).clone())
             .collect(),
+        routes: s.routes.iter().map(|r| (**r).clone()).collect(),
     }
 }
 

@@ -122,6 +122,18 @@ pub fn watched_kinds() -> Vec<WatchedKind> {
             "RequestAuthentication",
             "requestauthentications",
         ),
+        crd(
+            Kind::HttpRoute,
+            "gateway.networking.k8s.io",
+            "HTTPRoute",
+            "httproutes",
+        ),
+        crd(
+            Kind::GrpcRoute,
+            "gateway.networking.k8s.io",
+            "GRPCRoute",
+            "grpcroutes",
+        ),
     ];
     debug_assert!(all.iter().map(|w| w.kind).eq(Kind::ALL));
     all

@@ -25,11 +25,16 @@
 //! * **Failures** are logged and retried per Gateway with exponential backoff; a Gateway
 //!   deleted meanwhile is dropped. Nothing here stops the process.
 //!
+//! * **Route status** ([`route_status`]): HTTPRoutes and GRPCRoutes get their parents'
+//!   conditions from a task of its own, started with the controller, under the same
+//!   leadership and settings.
+//!
 //! API calls (for RBAC): `list`/`watch` on gateways; `patch` (apply) on serviceaccounts,
 //! deployments and services; `patch` on `gateways/status`; `get` and `create` on
-//! gatewayclasses and `patch` on `gatewayclasses/status`.
+//! gatewayclasses and `patch` on `gatewayclasses/status`; and [`route_status`]'s.
 
 pub mod render;
+pub mod route_status;
 pub mod status;
 
 use std::collections::{BTreeMap, HashMap};
@@ -248,6 +253,14 @@ impl WaypointController {
         mut leadership: Leadership,
         stop: CancellationToken,
     ) {
+        let routes = route_status::RouteStatusWriter {
+            client: self.client.clone(),
+            domain: self.proxy.domain.clone(),
+            qps: self.qps,
+            backoff: self.backoff,
+            max_backoff: self.max_backoff,
+        };
+        tokio::spawn(routes.run(snapshots.clone(), leadership.clone(), stop.clone()));
         let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &gateways());
         let retry = WatchRetry::Exponential {
             initial: self.backoff,

@@ -25,9 +25,24 @@ pub struct HttpApp {
     _accept: AbortOnDrop,
 }
 
+/// How an [`HttpApp`] answers, beyond its name and the path.
+#[derive(Clone, Debug, Default)]
+pub struct HttpAppOptions {
+    /// Waits this long before each answer (a slow backend, for timeouts).
+    pub delay: Option<std::time::Duration>,
+    /// Adds the request's headers to the body, one `name: value` line each (names
+    /// lower-cased, in order) after the first line.
+    pub echo_headers: bool,
+}
+
 impl HttpApp {
     /// Listens on `address` (`127.0.20.x:port`; port 0 picks one).
     pub async fn start(address: SocketAddr, name: &str) -> Self {
+        Self::start_with(address, name, HttpAppOptions::default()).await
+    }
+
+    /// [`HttpApp::start`] answering as `options` say.
+    pub async fn start_with(address: SocketAddr, name: &str, options: HttpAppOptions) -> Self {
         let listener = TcpListener::bind(address)
             .await
             .unwrap_or_else(|e| panic!("bind {address}: {e}"));
@@ -36,10 +51,19 @@ impl HttpApp {
         let accept = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let name = name.clone();
+                let options = options.clone();
                 tokio::spawn(async move {
                     let mut stream = BufReader::new(stream);
-                    while let Some(path) = read_request(&mut stream).await {
-                        let body = format!("backend {name} path {path}");
+                    while let Some((path, headers)) = read_request(&mut stream).await {
+                        if let Some(delay) = options.delay {
+                            tokio::time::sleep(delay).await;
+                        }
+                        let mut body = format!("backend {name} path {path}");
+                        if options.echo_headers {
+                            for (header, value) in &headers {
+                                body.push_str(&format!("\n{header}: {value}"));
+                            }
+                        }
                         let response = format!(
                             "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\
                              content-length: {}\r\n\r\n{body}",
@@ -59,12 +83,15 @@ impl HttpApp {
     }
 }
 
-/// Reads one request's head (and a Content-Length body) and returns its path; `None` at EOF or
-/// on garbage.
-async fn read_request<S: AsyncRead + Unpin>(stream: &mut BufReader<S>) -> Option<String> {
+/// Reads one request's head (and a Content-Length body) and returns its path and headers
+/// (names lower-cased); `None` at EOF or on garbage.
+async fn read_request<S: AsyncRead + Unpin>(
+    stream: &mut BufReader<S>,
+) -> Option<(String, Vec<(String, String)>)> {
     let mut line = String::new();
     stream.read_line(&mut line).await.ok()?;
     let path = line.split_whitespace().nth(1)?.to_string();
+    let mut headers = Vec::new();
     let mut length = 0usize;
     loop {
         let mut header = String::new();
@@ -75,15 +102,16 @@ async fn read_request<S: AsyncRead + Unpin>(stream: &mut BufReader<S>) -> Option
         if header.is_empty() {
             break;
         }
-        if let Some((name, value)) = header.split_once(':')
-            && name.eq_ignore_ascii_case("content-length")
-        {
-            length = value.trim().parse().ok()?;
+        if let Some((name, value)) = header.split_once(':') {
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value.trim().parse().ok()?;
+            }
+            headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
         }
     }
     let mut body = vec![0; length];
     stream.read_exact(&mut body).await.ok()?;
-    Some(path)
+    Some((path, headers))
 }
 
 /// A line echo server: each line `L` it reads is answered `<name>: L`.

@@ -115,6 +115,18 @@ pub fn ambient_resources() -> Vec<Resource> {
             true,
         ),
         r("gateway.networking.k8s.io/v1", "Gateway", "gateways", true),
+        r(
+            "gateway.networking.k8s.io/v1",
+            "HTTPRoute",
+            "httproutes",
+            true,
+        ),
+        r(
+            "gateway.networking.k8s.io/v1",
+            "GRPCRoute",
+            "grpcroutes",
+            true,
+        ),
         // What ambientd writes (and reads back): leader election, the CA, root ConfigMaps.
         r("coordination.k8s.io/v1", "Lease", "leases", true),
         r("v1", "ConfigMap", "configmaps", true),
