@@ -332,11 +332,6 @@ fn unsupported(filter: &RouteFilter) -> RouteError {
 }
 
 impl Route {
-    /// `<ns>/<name>`.
-    pub fn key(&self) -> (String, String) {
-        (self.namespace.clone(), self.name.clone())
-    }
-
     /// The first mistake for which istiod converts none of the object's rules (its
     /// `convertHTTPRoute` / `convertGRPCRoute` returning no route): an unsupported filter, a
     /// header value with control characters, a backend without a port or named by hostname,
