@@ -12,5 +12,6 @@ pub(crate) mod policies;
 pub(crate) mod service;
 pub(crate) mod service_entry;
 pub(crate) mod waypoint;
+pub(crate) mod waypoint_authorization;
 pub(crate) mod workload;
 pub(crate) mod workload_entry;

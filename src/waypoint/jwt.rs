@@ -240,33 +240,8 @@ pub(crate) fn claim_principal(claims: &[&str], values: &[String]) -> rbac::Princ
 }
 
 /// `request.auth.claims[a][b]`'s names (`a`, `b`), as istiod's `extractNameInNestedBrackets`
-/// reads them; `None` when malformed or a name is empty.
-pub(crate) fn claim_names(brackets: &str) -> Option<Vec<&str>> {
-    let whole = || {
-        brackets
-            .strip_prefix('[')
-            .and_then(|s| s.strip_suffix(']'))
-            .map(|name| vec![name])
-    };
-    let mut names = Vec::new();
-    let mut rest = brackets;
-    let names = loop {
-        if rest.is_empty() {
-            break Some(names);
-        }
-        let Some(inner) = rest.strip_prefix('[') else {
-            break whole();
-        };
-        match inner.find(['[', ']']) {
-            Some(end) if inner.as_bytes()[end] == b']' => {
-                names.push(&inner[..end]);
-                rest = &inner[end + 1..];
-            }
-            _ => break whole(),
-        }
-    };
-    names.filter(|n| !n.is_empty() && n.iter().all(|name| !name.is_empty()))
-}
+/// reads them; `None` when malformed or a name is empty. Shared with the policy status.
+pub(crate) use crate::discovery::convert::waypoint_authorization::claim_names;
 
 /// Istio's wildcard strings for JWT values: `*` any, `x*` prefix, `*x` suffix, else exact.
 fn wildcard_value(value: &str) -> StringMatcher {

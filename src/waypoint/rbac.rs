@@ -17,10 +17,16 @@
 //! rule is dropped (it allows less), in a DENY policy only that condition is dropped (it denies
 //! more). That covers every HTTP attribute (JWT ones included) on a TCP chain, the
 //! `experimental.envoy.filters.*` conditions, and values Envoy would refuse (an empty header
-//! or claim name, a malformed path template, an unparsable IP or port).
+//! or claim name, a malformed path template, an unparsable IP or port). Which attributes are
+//! HTTP only, which `when` keys exist and which values parse is decided once, in
+//! `discovery::convert::waypoint_authorization`, which the policy's `WaypointAccepted`
+//! condition reads too.
 
 use std::collections::BTreeMap;
 
+use crate::discovery::convert::waypoint_authorization::{
+    self as expressible, PathValue, REQUEST_CLAIMS, REQUEST_HEADERS, Reach, is_header_name,
+};
 use crate::discovery::model::{AuthorizationPolicy, Condition, Operation, PolicyAction, Source};
 use crate::pb::envoy::config::core::v3::{CidrRange, TypedExtensionConfig};
 use crate::pb::envoy::config::rbac::v3 as rbac;
@@ -333,6 +339,9 @@ impl Rule<'_> {
             ids.extend(self.jwt(not_values, f)?.into_iter().map(not_id));
             Ok(Side::Principal(ids))
         };
+        if expressible::when_key_reach(&c.key) == Reach::Nowhere {
+            return Err(Unsupported);
+        }
         match c.key.as_str() {
             "source.ip" => principals(false, &|v| {
                 cidr(v).map(|r| principal_of(rbac::principal::Identifier::DirectRemoteIp(r)))
@@ -365,10 +374,7 @@ impl Rule<'_> {
                 jwt(&|v| jwt::claim_principal(&names, v))
             }
             key if key.starts_with(REQUEST_HEADERS) => {
-                let name = key[REQUEST_HEADERS.len()..]
-                    .strip_prefix('[')
-                    .and_then(|k| k.strip_suffix(']'))
-                    .ok_or(Unsupported)?;
+                let name = expressible::header_of(key).ok_or(Unsupported)?;
                 principals(true, &|v| {
                     Some(principal_of(rbac::principal::Identifier::Header(
                         header_wildcard(name, v, false)?,
@@ -379,9 +385,6 @@ impl Rule<'_> {
         }
     }
 }
-
-const REQUEST_CLAIMS: &str = "request.auth.claims";
-const REQUEST_HEADERS: &str = "request.headers";
 
 enum Side {
     Principal(Vec<rbac::Principal>),
@@ -479,41 +482,20 @@ fn header_wildcard(name: &str, value: &str, ignore_case: bool) -> Option<HeaderM
     })
 }
 
-/// A header name Envoy accepts: not empty, and no NUL, CR, LF, or `:` after the first
-/// character (pseudo-headers such as `:method` start with one).
-fn is_header_name(name: &str) -> bool {
-    !name.is_empty()
-        && !name.contains(['\0', '\r', '\n'])
-        && !name.get(1..).is_some_and(|rest| rest.contains(':'))
-}
-
 /// A path, or a path template (`{*}` one segment, `{**}` the rest) matched with Envoy's URI
 /// template matcher as istiod does. `None` for a template istiod's validation refuses, and
 /// for `{`/`}` elsewhere (a template this cannot read).
 fn path_permission(path: &str) -> Option<rbac::Permission> {
-    const ONE: &str = "{*}";
-    const ANY: &str = "{**}";
-    if !path.contains(['{', '}']) {
-        return Some(permission_of(rbac::permission::Rule::UrlPath(
-            PathMatcher {
-                rule: Some(path_matcher::Rule::Path(wildcard_match(path))),
-            },
-        )));
-    }
-    if !path.starts_with('/') || path.len() > 256 {
-        return None;
-    }
-    let mut seen_any = false;
-    for segment in path.trim_matches('/').split('/') {
-        match segment {
-            ONE | ANY if seen_any => return None,
-            ONE => {}
-            ANY => seen_any = true,
-            literal if !literal.is_empty() && literal.chars().all(is_path_literal) => {}
-            _ => return None,
+    let template = match expressible::path_value(path)? {
+        PathValue::Plain(path) => {
+            return Some(permission_of(rbac::permission::Rule::UrlPath(
+                PathMatcher {
+                    rule: Some(path_matcher::Rule::Path(wildcard_match(path))),
+                },
+            )));
         }
-    }
-    let template = path.replace(ANY, "**").replace(ONE, "*");
+        PathValue::Template(template) => template,
+    };
     Some(permission_of(rbac::permission::Rule::UriTemplate(
         TypedExtensionConfig {
             name: "uri-template".into(),
@@ -527,28 +509,14 @@ fn path_permission(path: &str) -> Option<rbac::Permission> {
     )))
 }
 
-/// A path segment's literal character in a template (RFC 3986 `pchar`, as istiod checks it).
-fn is_path_literal(c: char) -> bool {
-    c.is_ascii_alphanumeric() || "-._~%!$&'()+,;:@=".contains(c)
-}
-
 /// A port number (0–65535).
 fn port(text: &str) -> Option<u32> {
-    text.parse::<u16>().ok().map(u32::from)
+    expressible::port(text)
 }
 
 /// `10.0.0.0/8` or a bare IP (a /32 or /128).
 fn cidr(text: &str) -> Option<CidrRange> {
-    let (ip, len) = match text.split_once('/') {
-        Some((ip, len)) => (ip, Some(len.parse::<u32>().ok()?)),
-        None => (text, None),
-    };
-    let ip: std::net::IpAddr = ip.parse().ok()?;
-    let max = if ip.is_ipv4() { 32 } else { 128 };
-    let len = len.unwrap_or(max);
-    if len > max {
-        return None;
-    }
+    let (ip, len) = expressible::cidr(text)?;
     Some(CidrRange {
         address_prefix: ip.to_string(),
         prefix_len: uint32(len),

@@ -10,9 +10,10 @@
 
 use crate::discovery::convert::service::{INGRESS_USE_WAYPOINT, parse_bool};
 use crate::discovery::convert::waypoint::{self, BindError, Binding};
+use crate::discovery::convert::waypoint_authorization;
 use crate::discovery::model::Key;
 use crate::discovery::model::Labels;
-use crate::discovery::model::authorization::{AuthorizationPolicy, PolicyTargetRef};
+use crate::discovery::model::authorization::{AuthorizationPolicy, PolicyAction, PolicyTargetRef};
 use crate::discovery::model::status::{
     StatusCondition, VISIBILITY_APPLIED, WAYPOINT_ACCEPTED, WAYPOINT_BOUND,
     WAYPOINT_POLICY_ACCEPTED,
@@ -106,12 +107,116 @@ pub(crate) fn waypoint_policy_accepted(
             (any_bound, reason.to_string(), message)
         }
     };
+    let (status, reason, message) = if status {
+        expressed(policy, reason, message)
+    } else {
+        (status, reason, message)
+    };
     Some(StatusCondition {
         condition_type: WAYPOINT_POLICY_ACCEPTED,
         status,
         reason,
         message,
     })
+}
+
+/// Kubernetes caps `Condition.message` at 32768 bytes.
+const MAX_MESSAGE_BYTES: usize = 32 * 1024;
+/// How many invalid values the message names before summarising.
+const MAX_INVALID_LISTED: usize = 5;
+const MORE_RESTRICTIVE: &str = "This will be more restrictive than requested.";
+
+/// A bound policy's condition, with what its waypoint cannot express in full (istiod's
+/// `WaypointAccepted` says nothing of it; this follows `ZtunnelAccepted`'s wording). A policy
+/// the waypoint does not enforce at all (AUDIT, dry-run) is False with reason `Invalid`; one it
+/// enforces more strictly than written (unsupported conditions, invalid values, CUSTOM and
+/// unknown actions) is True with istiod's `PartiallyInvalid`; HTTP attributes, which only
+/// HTTP ports can match, are named without changing the reason.
+fn expressed(
+    policy: &AuthorizationPolicy,
+    reason: String,
+    binding: String,
+) -> (bool, String, String) {
+    let join = |parts: Vec<String>| {
+        let mut message = if binding.is_empty() {
+            parts.join(" ")
+        } else {
+            format!("{binding}. {}", parts.join(" "))
+        };
+        if message.len() > MAX_MESSAGE_BYTES {
+            let mut end = MAX_MESSAGE_BYTES - '…'.len_utf8();
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+            message.push('…');
+        }
+        message
+    };
+    let action = waypoint_authorization::action_note(policy);
+    if let Some((false, note)) = action {
+        return (false, "Invalid".to_string(), join(vec![note]));
+    }
+    let allow = policy.action == PolicyAction::Allow;
+    let found = waypoint_authorization::unexpressed(policy);
+    let partial = action.is_some() || !found.unsupported.is_empty() || !found.invalid.is_empty();
+    let mut parts: Vec<String> = action.into_iter().map(|(_, note)| note).collect();
+    if !found.unsupported.is_empty() {
+        let effect = if allow {
+            "Within an ALLOW policy, rules using them are omitted."
+        } else {
+            "Within a DENY policy, they are left out of their rules, which then match more requests."
+        };
+        parts.push(format!(
+            "The waypoint does not support these conditions (found: {}). {effect} {MORE_RESTRICTIVE}",
+            listed(&found.unsupported)
+        ));
+    }
+    if !found.invalid.is_empty() {
+        let mut values = found.invalid[..found.invalid.len().min(MAX_INVALID_LISTED)].join(", ");
+        if found.invalid.len() > MAX_INVALID_LISTED {
+            values.push_str(&format!(
+                ", and {} more",
+                found.invalid.len() - MAX_INVALID_LISTED
+            ));
+        }
+        let effect = if allow {
+            "Within an ALLOW policy, a rule with an invalid value is omitted."
+        } else {
+            "Within a DENY policy, a field or condition with an invalid value is left out of its rule."
+        };
+        parts.push(format!(
+            "The waypoint cannot use invalid values (found: {values}). {effect} {MORE_RESTRICTIVE}"
+        ));
+    }
+    if !found.http_only.is_empty() {
+        let effect = if allow {
+            "on TCP ports, rules using them are omitted."
+        } else {
+            "on TCP ports, they are left out of their rules, which then match more connections."
+        };
+        parts.push(format!(
+            "HTTP attributes apply only to HTTP ports (found: {}); {effect}",
+            listed(&found.http_only)
+        ));
+    }
+    if parts.is_empty() {
+        return (true, reason, binding);
+    }
+    let reason = if partial {
+        "PartiallyInvalid".to_string()
+    } else {
+        reason
+    };
+    (true, reason, join(parts))
+}
+
+fn listed(names: &std::collections::BTreeSet<String>) -> String {
+    names
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// One target's binding, as istiod's `PolicyBindingStatus`.

@@ -5,7 +5,9 @@
 
 use super::support::*;
 use crate::discovery::Object;
-use crate::discovery::model::authorization::{AuthorizationPolicy, Operation, PolicyRule};
+use crate::discovery::model::authorization::{
+    AuthorizationPolicy, Condition, Operation, PolicyAction, PolicyRule, PolicyTargetRef, Source,
+};
 use crate::discovery::model::status::{StatusKind, StatusTarget, WAYPOINT_BOUND};
 use crate::discovery::model::{AllowedNamespaces, Gateway, Listener};
 
@@ -423,5 +425,163 @@ fn dry_run_policies_are_sent_marked_only_when_enabled() {
             assert!(!ok && reason == "UnsupportedValue", "{reason}");
             assert!(message.contains("dry-run"), "{message}");
         }
+    }
+}
+
+/// `WaypointAccepted` on a bound waypoint policy names what the waypoint cannot express in
+/// full (the `discovery::convert::waypoint_authorization` checker): reason and exact message.
+#[test]
+fn waypoint_accepted_names_what_the_waypoint_cannot_express() {
+    const BOUND: &str = "bound to wp/svc-wp";
+    const STRICTER: &str = "This will be more restrictive than requested.";
+    let when = |key: &str, value: &str| Condition {
+        key: key.into(),
+        values: vec![value.into()],
+        not_values: vec![],
+    };
+    let rule = |to: Operation, when: Vec<Condition>| PolicyRule {
+        from: vec![Source {
+            namespaces: vec!["app".into()],
+            ..Default::default()
+        }],
+        to: vec![to],
+        when,
+    };
+    let ports = |ports: &[&str]| Operation {
+        ports: ports.iter().map(|p| p.to_string()).collect(),
+        ..Default::default()
+    };
+    let get = Operation {
+        methods: vec!["GET".into()],
+        ..Default::default()
+    };
+    let mysql = "experimental.envoy.filters.network.mysql_proxy[db.table]";
+    type Row = (
+        &'static str,
+        PolicyAction,
+        PolicyRule,
+        &'static str,
+        bool,
+        String,
+        String,
+    );
+    let rows: Vec<Row> = vec![
+        (
+            "fully expressible: message unchanged",
+            PolicyAction::Allow,
+            rule(ports(&["80"]), vec![when("destination.port", "80")]),
+            "svc-wp",
+            true,
+            "Accepted".into(),
+            BOUND.into(),
+        ),
+        (
+            "experimental.envoy.filters.* in an ALLOW",
+            PolicyAction::Allow,
+            rule(ports(&["80"]), vec![when(mysql, "[update]")]),
+            "svc-wp",
+            true,
+            "PartiallyInvalid".into(),
+            format!(
+                "{BOUND}. The waypoint does not support these conditions (found: {mysql}). \
+                 Within an ALLOW policy, rules using them are omitted. {STRICTER}"
+            ),
+        ),
+        (
+            "unknown when key in a DENY",
+            PolicyAction::Deny,
+            rule(ports(&["80"]), vec![when("source.name", "x")]),
+            "svc-wp",
+            true,
+            "PartiallyInvalid".into(),
+            format!(
+                "{BOUND}. The waypoint does not support these conditions (found: source.name). \
+                 Within a DENY policy, they are left out of their rules, which then match more \
+                 requests. {STRICTER}"
+            ),
+        ),
+        (
+            "CUSTOM action, with an HTTP attribute",
+            PolicyAction::Custom,
+            rule(get.clone(), vec![]),
+            "svc-wp",
+            true,
+            "PartiallyInvalid".into(),
+            format!(
+                "{BOUND}. The waypoint does not support the CUSTOM action (no extension \
+                 provider); requests its rules match are denied. {STRICTER} HTTP attributes \
+                 apply only to HTTP ports (found: methods); on TCP ports, they are left out of \
+                 their rules, which then match more connections."
+            ),
+        ),
+        (
+            "HTTP attributes alone: accepted, named",
+            PolicyAction::Allow,
+            rule(get.clone(), vec![when("request.headers[x-user]", "alice")]),
+            "svc-wp",
+            true,
+            "Accepted".into(),
+            format!(
+                "{BOUND}. HTTP attributes apply only to HTTP ports (found: methods, \
+                 request.headers[x-user]); on TCP ports, rules using them are omitted."
+            ),
+        ),
+        (
+            "an invalid value",
+            PolicyAction::Allow,
+            rule(ports(&["http"]), vec![]),
+            "svc-wp",
+            true,
+            "PartiallyInvalid".into(),
+            format!(
+                "{BOUND}. The waypoint cannot use invalid values (found: \
+                 rules[0].to[0].operation.ports \"http\"). Within an ALLOW policy, a rule with \
+                 an invalid value is omitted. {STRICTER}"
+            ),
+        ),
+        (
+            "AUDIT: nothing applies",
+            PolicyAction::Audit,
+            rule(ports(&["80"]), vec![]),
+            "svc-wp",
+            false,
+            "Invalid".into(),
+            format!(
+                "{BOUND}. The waypoint does not support the AUDIT action; the policy is not \
+                 enforced."
+            ),
+        ),
+        (
+            "unbound target: the binding alone",
+            PolicyAction::Allow,
+            rule(ports(&["80"]), vec![when(mysql, "[update]")]),
+            "nope",
+            false,
+            "TargetNotFound".into(),
+            "not bound".into(),
+        ),
+    ];
+    for (name, action, rule, gateway, status, reason, message) in rows {
+        let mut index = index_of(base());
+        index.apply(Object::AuthorizationPolicy(AuthorizationPolicy {
+            name: "p".into(),
+            namespace: WP_NS.into(),
+            generation: 2,
+            has_target_refs: true,
+            target_refs: vec![PolicyTargetRef {
+                group: "gateway.networking.k8s.io".into(),
+                kind: "Gateway".into(),
+                name: gateway.into(),
+                namespace: String::new(),
+            }],
+            action,
+            rules: vec![rule],
+            ..Default::default()
+        }));
+        assert_eq!(
+            condition(&mut index, &target(StatusKind::WaypointPolicy, WP_NS, "p")),
+            Some((status, reason, message)),
+            "{name}"
+        );
     }
 }

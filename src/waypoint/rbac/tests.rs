@@ -487,3 +487,75 @@ fn what_cannot_be_expressed_fails_closed() {
         assert_eq!(rules(&wider), [any_permission()], "{rule:?}");
     }
 }
+
+/// The status checker (`discovery::convert::waypoint_authorization::unexpressed`) agrees with
+/// this translator: an ALLOW rule is kept on a chain exactly when the checker finds nothing
+/// that chain cannot express (HTTP attributes count on TCP chains only).
+#[test]
+fn the_status_checker_agrees_with_the_translation() {
+    use crate::discovery::convert::waypoint_authorization::unexpressed;
+    let rules = [
+        when("source.ip", &["10.0.0.0/8"], &[]),
+        when("source.ip", &["ten"], &[]),
+        when("destination.port", &["80"], &["x"]),
+        when("connection.sni", &["a.example.com"], &[]),
+        when("remote.ip", &["1.2.3.4"], &[]),
+        when("request.headers[x-a]", &["v"], &[]),
+        when("request.headers[a:b]", &["v"], &[]),
+        when("request.headers", &["v"], &[]),
+        when("request.auth.claims[iss]", &["me"], &[]),
+        when("request.auth.claims[]", &["me"], &[]),
+        when("request.auth.principal", &["a/b"], &[]),
+        when(
+            "experimental.envoy.filters.network.mysql_proxy[db.table]",
+            &["[t]"],
+            &[],
+        ),
+        when("source.name", &["x"], &[]),
+        to(Operation {
+            ports: strs(&["80"]),
+            ..Default::default()
+        }),
+        to(Operation {
+            not_ports: strs(&["http"]),
+            ..Default::default()
+        }),
+        to(Operation {
+            paths: strs(&["/a/{*}"]),
+            ..Default::default()
+        }),
+        to(Operation {
+            paths: strs(&["/a/{**}/{*}"]),
+            ..Default::default()
+        }),
+        to(Operation {
+            methods: strs(&["GET"]),
+            ..Default::default()
+        }),
+        from(Source {
+            ip_blocks: strs(&["1.2.3.4/40"]),
+            ..Default::default()
+        }),
+        from(Source {
+            request_principals: strs(&["a/b"]),
+            ..Default::default()
+        }),
+        from(Source {
+            trust_domains: strs(&["td"]),
+            ..Default::default()
+        }),
+    ];
+    for rule in rules {
+        let found = unexpressed(&policy(PolicyAction::Allow, rule.clone()));
+        let never = !found.unsupported.is_empty() || !found.invalid.is_empty();
+        let http = !never;
+        let tcp = !never && found.http_only.is_empty();
+        for (kind, kept) in [(ChainKind::Http, http), (ChainKind::Tcp, tcp)] {
+            assert_eq!(
+                translate(PolicyAction::Allow, rule.clone(), kind).is_some(),
+                kept,
+                "{kind:?} {rule:?} {found:?}"
+            );
+        }
+    }
+}
