@@ -24,6 +24,13 @@
 //!
 //! A route istiod would not convert ([`Route::conversion_error`]) contributes nothing.
 //!
+//! **VirtualServices** (`RouteKind::Virtual`, decoded by `kube::virtual_services` into the
+//! same model) go through the same translation: a mesh VirtualService exported to the
+//! waypoint's namespace, in the service's namespace or the waypoint's, with a `hosts` entry
+//! matching the service's hostname, applies (`getVirtualServiceForWaypoint`); its rules keep
+//! their order, a match's `port` narrows it to that listener port, a redirect without a port
+//! keeps the request's. It is ordered with the converted ones by creation time.
+//!
 //! Here: which routes apply to a chain, their order, and each route's match; `action`: what
 //! a matched route does; `destinations`: the clusters its backends go to.
 
