@@ -27,7 +27,7 @@ mod small_set;
 pub(crate) use pods::Pods;
 pub(crate) use small_set::SmallSet;
 
-use crate::discovery::model::{Key, NETWORK_LABEL};
+use crate::discovery::model::{Key, NETWORK_LABEL, RouteKind};
 
 /// An object that publishes Services: a Kubernetes Service, or a ServiceEntry (one per host).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -69,6 +69,8 @@ pub(crate) struct Store {
     /// HTTPRoutes and GRPCRoutes, read by waypoints only: the snapshot shares these `Arc`s.
     http_routes: HashMap<Key, Arc<Route>>,
     grpc_routes: HashMap<Key, Arc<Route>>,
+    /// VirtualServices, as routes (`RouteKind::Virtual`).
+    virtual_services: HashMap<Key, Arc<Route>>,
     /// Gateways that are ready waypoints (derived from Gateway + GatewayClass).
     waypoints: HashMap<Key, Waypoint>,
     members: HashMap<String, NamespaceMembers>,
@@ -155,17 +157,20 @@ impl Store {
         &self.jwks
     }
 
-    /// HTTPRoutes, then GRPCRoutes.
+    /// HTTPRoutes, then GRPCRoutes, then VirtualServices.
     pub(crate) fn routes(&self) -> impl Iterator<Item = (&Key, &Arc<Route>)> {
-        self.http_routes.iter().chain(self.grpc_routes.iter())
+        self.http_routes
+            .iter()
+            .chain(self.grpc_routes.iter())
+            .chain(self.virtual_services.iter())
     }
 
-    /// One HTTPRoute (`grpc` false) or GRPCRoute.
-    pub(crate) fn route(&self, grpc: bool, key: &Key) -> Option<&Arc<Route>> {
-        if grpc {
-            self.grpc_routes.get(key)
-        } else {
-            self.http_routes.get(key)
+    /// One HTTPRoute, GRPCRoute or VirtualService.
+    pub(crate) fn route(&self, kind: RouteKind, key: &Key) -> Option<&Arc<Route>> {
+        match kind {
+            RouteKind::Http => self.http_routes.get(key),
+            RouteKind::Grpc => self.grpc_routes.get(key),
+            RouteKind::Virtual => self.virtual_services.get(key),
         }
     }
 
@@ -594,6 +599,9 @@ impl Store {
             Object::GrpcRoute(r) => {
                 self.grpc_routes.insert(k, Arc::new(r));
             }
+            Object::VirtualService(r) => {
+                self.virtual_services.insert(k, Arc::new(r));
+            }
             Object::EndpointSlice(slice) => {
                 self.member_mut(&k.0).slices.insert(k.1.clone());
                 if let Some(service) = &slice.service_name {
@@ -717,6 +725,10 @@ impl Store {
                 .grpc_routes
                 .remove(&k)
                 .map(|r| Object::GrpcRoute(Arc::unwrap_or_clone(r))),
+            Kind::VirtualService => self
+                .virtual_services
+                .remove(&k)
+                .map(|r| Object::VirtualService(Arc::unwrap_or_clone(r))),
             Kind::EndpointSlice => {
                 let slice = self.slices.remove(&k)?;
                 self.member_mut(&k.0).slices.remove(&k.1);
@@ -772,6 +784,7 @@ impl Store {
             Object::Jwks(o) => self.jwks.get(&o.name) == Some(o),
             Object::HttpRoute(o) => self.http_routes.get(&k).is_some_and(|r| **r == *o),
             Object::GrpcRoute(o) => self.grpc_routes.get(&k).is_some_and(|r| **r == *o),
+            Object::VirtualService(o) => self.virtual_services.get(&k).is_some_and(|r| **r == *o),
         }
     }
 
@@ -795,6 +808,7 @@ impl Store {
             Kind::Jwks => self.jwks.len(),
             Kind::HttpRoute => self.http_routes.len(),
             Kind::GrpcRoute => self.grpc_routes.len(),
+            Kind::VirtualService => self.virtual_services.len(),
         }
     }
 
@@ -830,6 +844,7 @@ impl Store {
             Kind::Jwks => named(kind, &self.jwks),
             Kind::HttpRoute => keyed(kind, &self.http_routes),
             Kind::GrpcRoute => keyed(kind, &self.grpc_routes),
+            Kind::VirtualService => keyed(kind, &self.virtual_services),
         }
     }
 }

@@ -26,6 +26,7 @@ pub mod routes;
 pub mod security;
 pub mod status_writer;
 pub mod token_review;
+pub mod virtual_services;
 pub mod waypoints;
 pub mod writes;
 

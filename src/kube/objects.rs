@@ -17,7 +17,7 @@ use crate::discovery::model::{
     ContainerPort, IpFamily, Labels, Namespace, Node, Object, Owner, Pod, PodFields, Protocol,
     Service, ServicePort, TargetPort,
 };
-use crate::kube::{destination_rule, mesh, routes, security};
+use crate::kube::{destination_rule, mesh, routes, security, virtual_services};
 
 /// The pod annotations the conversion reads; others are dropped on decode to save memory.
 const POD_ANNOTATIONS: &[&str] = &["ambient.istio.io/redirection"];
@@ -112,6 +112,12 @@ pub fn decode(value: Value) -> Vec<Decoded> {
             routes::http_route(&value)
         }
         ("gateway.networking.k8s.io/v1", "GRPCRoute") => routes::grpc_route(&value),
+        (
+            "networking.istio.io/v1"
+            | "networking.istio.io/v1beta1"
+            | "networking.istio.io/v1alpha3",
+            "VirtualService",
+        ) => virtual_services::virtual_service(&value),
         _ => return vec![Decoded::Ignored(kind_name)],
     };
     vec![match result {

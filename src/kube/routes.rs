@@ -64,6 +64,8 @@ fn decode(value: &Value, kind: RouteKind) -> Result<Route, String> {
         hostnames: raw.spec.hostnames,
         parent_refs,
         rules,
+        gateways: Vec::new(),
+        export_to: Vec::new(),
     })
 }
 
@@ -211,6 +213,7 @@ impl RawRule {
                         .map(|b| parse_duration(b, &format!("{field}.retry.backoff")))
                         .transpose()?,
                     codes: r.codes,
+                    retry_on: None,
                 })
             })
             .transpose()?;
@@ -259,6 +262,7 @@ impl RawNamedValue {
             name: self.name.clone(),
             value: self.value.clone(),
             regex: regex_type(self.kind.as_deref(), &format!("{field}.type"))?,
+            prefix: false,
         })
     }
 }
@@ -317,6 +321,7 @@ impl RawMatch {
                     }
                 };
             }
+            RouteKind::Virtual => {}
             RouteKind::Grpc => {
                 out.grpc = match &self.method {
                     None | Some(Value::Null) => None,
@@ -555,6 +560,7 @@ impl RawBackendRef {
             namespace: self.namespace.clone().filter(|n| !n.is_empty()),
             port: port(self.port, &format!("{field}.port"))?,
             weight,
+            subset: None,
             filters: self
                 .filters
                 .iter()

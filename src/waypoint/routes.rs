@@ -24,6 +24,13 @@
 //!
 //! A route istiod would not convert ([`Route::conversion_error`]) contributes nothing.
 //!
+//! **VirtualServices** (`RouteKind::Virtual`, decoded by `kube::virtual_services` into the
+//! same model) go through the same translation: a mesh VirtualService exported to the
+//! waypoint's namespace, in the service's namespace or the waypoint's, with a `hosts` entry
+//! matching the service's hostname, applies (`getVirtualServiceForWaypoint`); its rules keep
+//! their order, a match's `port` narrows it to that listener port, a redirect without a port
+//! keeps the request's. It is ordered with the converted ones by creation time.
+//!
 //! Here: which routes apply to a chain, their order, and each route's match; `action`: what
 //! a matched route does; `destinations`: the clusters its backends go to.
 
@@ -32,8 +39,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use crate::discovery::model::{
-    BackendRef, GrpcMethodMatch, PathMatch, Route, RouteFilter, RouteMatch as MatchSpec, RouteRule,
-    ValueMatch,
+    BackendRef, GrpcMethodMatch, PathMatch, Route, RouteFilter, RouteKind, RouteMatch as MatchSpec,
+    RouteRule, ValueMatch,
 };
 use crate::pb::envoy::config::core::v3 as core;
 use crate::pb::envoy::config::route::v3::{
@@ -58,6 +65,8 @@ pub(crate) struct RouteIndex<'a> {
     entries: HashMap<(&'a str, &'a str), Vec<Attached<'a>>>,
     /// Routes whose parent is the waypoint's Gateway.
     gateway: Vec<&'a Route>,
+    /// Mesh VirtualServices exported to the waypoint's namespace.
+    virtual_services: Vec<&'a Route>,
 }
 
 impl<'a> RouteIndex<'a> {
@@ -73,8 +82,16 @@ impl<'a> RouteIndex<'a> {
             services: HashMap::new(),
             entries: HashMap::new(),
             gateway: Vec::new(),
+            virtual_services: Vec::new(),
         };
         for route in routes.iter().map(|r| &**r) {
+            if route.kind == RouteKind::Virtual {
+                if !route.rules.is_empty() && is_mesh(route) && exported(route, waypoint_namespace)
+                {
+                    index.virtual_services.push(route);
+                }
+                continue;
+            }
             if route.rules.is_empty() || route.conversion_error().is_some() {
                 continue;
             }
@@ -106,7 +123,10 @@ impl<'a> RouteIndex<'a> {
 
     /// Whether no route may apply here (every chain keeps its default route).
     pub(crate) fn is_empty(&self) -> bool {
-        self.services.is_empty() && self.entries.is_empty() && self.gateway.is_empty()
+        self.services.is_empty()
+            && self.entries.is_empty()
+            && self.gateway.is_empty()
+            && self.virtual_services.is_empty()
     }
 
     /// The Envoy routes of `service`'s HTTP chain on `port`, or `None` when no route
@@ -118,6 +138,7 @@ impl<'a> RouteIndex<'a> {
         port: u32,
         destinations: &mut Destinations<'_>,
     ) -> Option<Vec<route::Route>> {
+        destinations.listener_port = port;
         let namespace = service.namespace.as_str();
         let parents = if kubernetes {
             &self.services
@@ -148,13 +169,20 @@ impl<'a> RouteIndex<'a> {
             };
             services.entry(key).or_default().push((route, parent_port));
         }
-        if services.is_empty() {
-            return None;
-        }
         let mut merged: Vec<VirtualService<'_>> = services
             .into_iter()
             .map(|(key, routes)| VirtualService::merge(&key, routes))
             .collect();
+        // VirtualServices written as such (`getVirtualServiceForWaypoint`).
+        merged.extend(
+            self.virtual_services
+                .iter()
+                .filter(|vs| allowed(vs) && vs_hosts_match(vs, host))
+                .map(|vs| VirtualService::written(vs)),
+        );
+        if merged.is_empty() {
+            return None;
+        }
         merged.sort_by(|a, b| {
             (a.creation, a.namespace, &a.name).cmp(&(b.creation, b.namespace, &b.name))
         });
@@ -164,6 +192,37 @@ impl<'a> RouteIndex<'a> {
         }
         (!out.is_empty()).then_some(out)
     }
+}
+
+/// A mesh VirtualService: `gateways` empty or naming `mesh`.
+fn is_mesh(vs: &Route) -> bool {
+    vs.gateways.is_empty() || vs.gateways.iter().any(|g| g == "mesh")
+}
+
+/// A VirtualService's `exportTo` lets the waypoint's namespace see it (empty or `*`: all;
+/// `.`: its own namespace).
+fn exported(vs: &Route, waypoint_namespace: &str) -> bool {
+    vs.export_to.is_empty()
+        || vs.export_to.iter().any(|e| {
+            e == "*" || e == waypoint_namespace || (e == "." && vs.namespace == waypoint_namespace)
+        })
+}
+
+/// Some VirtualService `hosts` entry matches `host`: wildcard-aware, a short name (no dot)
+/// is a Service in the VirtualService's namespace.
+fn vs_hosts_match(vs: &Route, host: &str) -> bool {
+    vs.hostnames.iter().any(|h| {
+        if h == "*" {
+            true
+        } else if !h.contains('.') && !h.starts_with('*') {
+            host.strip_prefix(h.as_str())
+                .and_then(|rest| rest.strip_prefix('.'))
+                .and_then(|rest| rest.strip_prefix(vs.namespace.as_str()))
+                .is_some_and(|rest| rest.starts_with(".svc."))
+        } else {
+            hostnames_allow(std::slice::from_ref(h), host)
+        }
+    })
 }
 
 /// A route's `hostnames` allow `host`: empty allows all; `*.example` allows its subdomains.
@@ -191,6 +250,8 @@ enum Uri {
     Exact(String),
     Prefix(String),
     Regex(String),
+    /// A VirtualService's plain prefix.
+    RawPrefix(String),
 }
 
 impl Uri {
@@ -204,6 +265,7 @@ impl Uri {
                 }
                 PathMatch::Prefix(p) => Uri::Prefix(p.clone()),
                 PathMatch::Regex(r) => Uri::Regex(r.clone()),
+                PathMatch::RawPrefix(p) => Uri::RawPrefix(p.clone()),
             });
         }
         m.grpc.as_ref().and_then(grpc_uri)
@@ -213,7 +275,7 @@ impl Uri {
     fn rank(this: Option<&Uri>) -> i32 {
         match this {
             Some(Uri::Exact(_)) => 3,
-            Some(Uri::Prefix(_)) => 2,
+            Some(Uri::Prefix(_) | Uri::RawPrefix(_)) => 2,
             Some(Uri::Regex(_)) => 1,
             None => -1,
         }
@@ -221,7 +283,7 @@ impl Uri {
 
     fn len(this: Option<&Uri>) -> usize {
         match this {
-            Some(Uri::Exact(s) | Uri::Prefix(s) | Uri::Regex(s)) => s.len(),
+            Some(Uri::Exact(s) | Uri::Prefix(s) | Uri::Regex(s) | Uri::RawPrefix(s)) => s.len(),
             None => 0,
         }
     }
@@ -276,6 +338,9 @@ struct VirtualService<'a> {
     namespace: &'a str,
     /// The oldest route's.
     creation: Option<&'a str>,
+    /// Whether written as a VirtualService (its rules keep their order, a redirect without
+    /// a port keeps the request's).
+    written: bool,
     splits: Vec<Split<'a>>,
 }
 
@@ -316,6 +381,40 @@ impl<'a> VirtualService<'a> {
             name: key.replace('/', "~"),
             namespace: routes[0].0.namespace.as_str(),
             creation: routes[0].0.creation.as_deref(),
+            written: false,
+            splits,
+        }
+    }
+
+    /// A VirtualService as written: its rules in order, one route per match; a match's
+    /// `port` narrows it to that listener port.
+    fn written(vs: &'a Route) -> Self {
+        let mut splits = Vec::new();
+        for (rule_index, rule) in vs.rules.iter().enumerate() {
+            if rule.matches.is_empty() {
+                splits.push(Split {
+                    route: vs,
+                    rule_index,
+                    rule,
+                    matched: None,
+                    port: None,
+                });
+            }
+            for m in &rule.matches {
+                splits.push(Split {
+                    route: vs,
+                    rule_index,
+                    rule,
+                    matched: Some(m),
+                    port: m.port,
+                });
+            }
+        }
+        VirtualService {
+            name: vs.name.clone(),
+            namespace: vs.namespace.as_str(),
+            creation: vs.creation.as_deref(),
+            written: true,
             splits,
         }
     }
@@ -384,8 +483,10 @@ impl<'a> VirtualService<'a> {
         });
         let weighted: Vec<&BackendRef> = rule.backends.iter().filter(|b| b.weight > 0).collect();
         if let Some(redirect) = redirect {
+            // A VirtualService redirect without a port keeps the request's port.
+            let derive = if self.written { 0 } else { port };
             out.action = Some(route::route::Action::Redirect(redirect_action(
-                redirect, port,
+                redirect, derive,
             )?));
         } else if weighted.is_empty() {
             // "When there are no >0 weight backends", the Gateway API wants 500.
@@ -394,8 +495,15 @@ impl<'a> VirtualService<'a> {
                 body: None,
             }));
         } else {
-            let action =
-                action::route_action(rule, route_ns, &weighted, authority, &mut out, destinations);
+            let action = action::route_action(
+                rule,
+                self.written,
+                route_ns,
+                &weighted,
+                authority,
+                &mut out,
+                destinations,
+            );
             out.action = Some(route::route::Action::Route(action));
         }
         out.decorator = Some(Decorator {
@@ -418,14 +526,11 @@ fn route_match(m: Option<&MatchSpec>) -> RouteMatch {
         return out;
     };
     // Header and query matches are maps in istiod: one per name, the last wins, sorted.
-    let by_name = |values: &[ValueMatch]| -> BTreeMap<String, (String, bool)> {
-        values
-            .iter()
-            .map(|v| (v.name.clone(), (v.value.clone(), v.regex)))
-            .collect()
+    let by_name = |values: &[ValueMatch]| -> BTreeMap<String, ValueMatch> {
+        values.iter().map(|v| (v.name.clone(), v.clone())).collect()
     };
-    for (name, (value, regex)) in by_name(&m.headers) {
-        out.headers.push(header_match(&name, &value, regex));
+    for v in by_name(&m.headers).values() {
+        out.headers.push(header_match(v));
     }
     if let Some(uri) = Uri::of(m) {
         out.path_specifier = Some(match uri {
@@ -435,42 +540,47 @@ fn route_match(m: Option<&MatchSpec>) -> RouteMatch {
             ),
             Uri::Prefix(p) => route_match::PathSpecifier::Prefix(p),
             Uri::Regex(r) => route_match::PathSpecifier::SafeRegex(RegexMatcher { regex: r }),
+            Uri::RawPrefix(p) => route_match::PathSpecifier::Prefix(p),
         });
     }
     if let Some(method) = &m.method {
-        out.headers.push(header_match(":method", method, false));
+        out.headers.push(header_match(&ValueMatch {
+            name: ":method".into(),
+            value: method.clone(),
+            ..Default::default()
+        }));
     }
-    for (name, (value, regex)) in by_name(&m.query_params) {
+    for (name, v) in by_name(&m.query_params) {
         out.query_parameters.push(QueryParameterMatcher {
             name,
-            query_parameter_match_specifier: Some(if regex && value == "*" {
+            query_parameter_match_specifier: Some(if v.regex && v.value == "*" {
                 query_parameter_matcher::QueryParameterMatchSpecifier::PresentMatch(true)
             } else {
-                query_parameter_matcher::QueryParameterMatchSpecifier::StringMatch(string_match(
-                    &value, regex,
-                ))
+                query_parameter_matcher::QueryParameterMatchSpecifier::StringMatch(string_match(&v))
             }),
         });
     }
     out
 }
 
-fn string_match(value: &str, regex: bool) -> crate::pb::envoy::r#type::matcher::v3::StringMatcher {
-    if regex {
-        envoy::regex_match(value)
+fn string_match(v: &ValueMatch) -> crate::pb::envoy::r#type::matcher::v3::StringMatcher {
+    if v.regex {
+        envoy::regex_match(&v.value)
+    } else if v.prefix {
+        envoy::prefix_match(&v.value)
     } else {
-        envoy::exact(value)
+        envoy::exact(&v.value)
     }
 }
 
 /// A header match; the regex `*` means "present", as in istiod.
-fn header_match(name: &str, value: &str, regex: bool) -> HeaderMatcher {
+fn header_match(v: &ValueMatch) -> HeaderMatcher {
     HeaderMatcher {
-        name: name.into(),
-        header_match_specifier: Some(if regex && value == "*" {
+        name: v.name.clone(),
+        header_match_specifier: Some(if v.regex && v.value == "*" {
             header_matcher::HeaderMatchSpecifier::PresentMatch(true)
         } else {
-            header_matcher::HeaderMatchSpecifier::StringMatch(string_match(value, regex))
+            header_matcher::HeaderMatchSpecifier::StringMatch(string_match(v))
         }),
         ..Default::default()
     }

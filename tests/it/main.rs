@@ -38,6 +38,7 @@ mod waypoint_destination_rule;
 mod waypoint_harness;
 mod waypoint_jwt;
 mod waypoint_routes;
+mod waypoint_virtual_service;
 mod waypoint_xds;
 mod xds;
 mod xds_flow;

@@ -26,10 +26,10 @@ use crate::support::hbone::{HboneConnection, HboneServer, Tunnel};
 use crate::support::identity::start_with_ca;
 use crate::support::sds::SdsServer;
 
-const WEB: &str = "127.0.30.12:8080";
-const V2_CLUSTER: &str = "outbound|8080||web-v2.demo.svc.cluster.local";
+pub(crate) const WEB: &str = "127.0.30.12:8080";
+pub(crate) const V2_CLUSTER: &str = "outbound|8080||web-v2.demo.svc.cluster.local";
 
-const MESH: &str = r#"
+pub(crate) const MESH: &str = r#"
 apiVersion: v1
 kind: Namespace
 metadata: {name: istio-system}
@@ -178,7 +178,7 @@ spec:
     backendRefs: [{name: web-v2, port: 8080}]
 "#;
 
-fn at(ip: &str, port: u16) -> SocketAddr {
+pub(crate) fn at(ip: &str, port: u16) -> SocketAddr {
     SocketAddr::new(ip.parse::<IpAddr>().unwrap(), port)
 }
 
@@ -199,11 +199,11 @@ async fn request(
 }
 
 /// A new CONNECT to `web` on `connection`, then one GET.
-async fn get(connection: &HboneConnection, path: &str) -> Result<HttpResponse, String> {
+pub(crate) async fn get(connection: &HboneConnection, path: &str) -> Result<HttpResponse, String> {
     get_with(connection, path, &[]).await
 }
 
-async fn get_with(
+pub(crate) async fn get_with(
     connection: &HboneConnection,
     path: &str,
     headers: &[(&str, &str)],
@@ -216,12 +216,12 @@ async fn get_with(
 }
 
 /// The backend's name from its answer's first line (`backend <name> path <path>`).
-fn backend_of(response: &HttpResponse) -> &str {
+pub(crate) fn backend_of(response: &HttpResponse) -> &str {
     response.body.split_whitespace().nth(1).unwrap_or("")
 }
 
 /// Repeats `attempt` until `done` holds; fails loudly on timeout.
-async fn eventually<T: std::fmt::Debug, F, Fut>(
+pub(crate) async fn eventually<T: std::fmt::Debug, F, Fut>(
     what: &str,
     mut attempt: F,
     done: impl Fn(&T) -> bool,

@@ -300,7 +300,7 @@ impl Index {
                 self.hostname_rivals(&se.hosts, targets);
             }
             // Routes build nothing here: waypoints translate them from the snapshot.
-            Object::HttpRoute(_) | Object::GrpcRoute(_) => {}
+            Object::HttpRoute(_) | Object::GrpcRoute(_) | Object::VirtualService(_) => {}
         }
     }
 

@@ -18,7 +18,7 @@ use crate::discovery::model::Key;
 use crate::discovery::model::authorization::{AuthorizationPolicy, REVISION_LABEL};
 use crate::discovery::model::destination_rule::DestinationRule;
 use crate::discovery::model::request_authentication::{Jwks, RequestAuthentication};
-use crate::discovery::model::route::Route;
+use crate::discovery::model::route::{Route, RouteKind};
 use crate::discovery::model::status::PolicyStatus;
 use crate::discovery::model::status::{DesiredStatus, StatusKind, StatusTarget};
 use crate::discovery::model::visibility::ServiceEntryVisibility;
@@ -436,11 +436,14 @@ impl Index {
                 .map(Object::RequestAuthentication),
             Kind::Jwks => s.jwks().get(&r.name).cloned().map(Object::Jwks),
             Kind::HttpRoute => s
-                .route(false, &k)
+                .route(RouteKind::Http, &k)
                 .map(|route| Object::HttpRoute((**route).clone())),
             Kind::GrpcRoute => s
-                .route(true, &k)
+                .route(RouteKind::Grpc, &k)
                 .map(|route| Object::GrpcRoute((**route).clone())),
+            Kind::VirtualService => s
+                .route(RouteKind::Virtual, &k)
+                .map(|route| Object::VirtualService((**route).clone())),
         }
     }
 
@@ -790,13 +793,17 @@ fn remove_name<K: Hash + Ord + Clone + Borrow<Q>, Q: Hash + Ord + ?Sized>(
 }
 
 fn is_route(kind: Kind) -> bool {
-    matches!(kind, Kind::HttpRoute | Kind::GrpcRoute)
+    matches!(
+        kind,
+        Kind::HttpRoute | Kind::GrpcRoute | Kind::VirtualService
+    )
 }
 
 fn route_kind(route: &Route) -> Kind {
     match route.kind {
         crate::discovery::model::route::RouteKind::Http => Kind::HttpRoute,
         crate::discovery::model::route::RouteKind::Grpc => Kind::GrpcRoute,
+        crate::discovery::model::route::RouteKind::Virtual => Kind::VirtualService,
     }
 }
 

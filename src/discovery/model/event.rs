@@ -34,11 +34,13 @@ pub enum Kind {
     Jwks,
     HttpRoute,
     GrpcRoute,
+    /// `networking.istio.io` VirtualService, kept as a [`Route`] (`RouteKind::Virtual`).
+    VirtualService,
 }
 
 impl Kind {
     /// Every kind, in the order a full load applies them (containers before contents).
-    pub const ALL: [Kind; 15] = [
+    pub const ALL: [Kind; 16] = [
         Kind::Namespace,
         Kind::Node,
         Kind::GatewayClass,
@@ -54,6 +56,7 @@ impl Kind {
         Kind::RequestAuthentication,
         Kind::HttpRoute,
         Kind::GrpcRoute,
+        Kind::VirtualService,
     ];
 
     /// Whether objects of this kind live in a namespace.
@@ -120,6 +123,8 @@ pub enum Object {
     HttpRoute(Route),
     /// A GRPCRoute (`kind` [`crate::discovery::model::RouteKind::Grpc`]).
     GrpcRoute(Route),
+    /// A VirtualService's `http` routes (`kind` [`crate::discovery::model::RouteKind::Virtual`]).
+    VirtualService(Route),
 }
 
 impl Object {
@@ -141,6 +146,7 @@ impl Object {
             Object::Jwks(_) => Kind::Jwks,
             Object::HttpRoute(_) => Kind::HttpRoute,
             Object::GrpcRoute(_) => Kind::GrpcRoute,
+            Object::VirtualService(_) => Kind::VirtualService,
         }
     }
 
@@ -160,7 +166,9 @@ impl Object {
             Object::PeerAuthentication(o) => (o.namespace.as_str(), &o.name),
             Object::DestinationRule(o) => (o.namespace.as_str(), &o.name),
             Object::RequestAuthentication(o) => (o.namespace.as_str(), &o.name),
-            Object::HttpRoute(o) | Object::GrpcRoute(o) => (o.namespace.as_str(), &o.name),
+            Object::HttpRoute(o) | Object::GrpcRoute(o) | Object::VirtualService(o) => {
+                (o.namespace.as_str(), &o.name)
+            }
         };
         ObjectRef::new(self.kind(), namespace, name)
     }

@@ -19,6 +19,9 @@ pub enum RouteKind {
     #[default]
     Http,
     Grpc,
+    /// A `networking.istio.io` VirtualService's `http` routes, converted to this model
+    /// (`kube::virtual_services`).
+    Virtual,
 }
 
 impl RouteKind {
@@ -27,6 +30,7 @@ impl RouteKind {
         match self {
             RouteKind::Http => "HTTPRoute",
             RouteKind::Grpc => "GRPCRoute",
+            RouteKind::Virtual => "VirtualService",
         }
     }
 }
@@ -46,6 +50,10 @@ pub struct Route {
     pub hostnames: Vec<String>,
     pub parent_refs: Vec<ParentRef>,
     pub rules: Vec<RouteRule>,
+    /// VirtualService `gateways` (empty, or containing `mesh`: a mesh VirtualService).
+    pub gateways: Vec<String>,
+    /// VirtualService `exportTo` (empty: everywhere).
+    pub export_to: Vec<String>,
 }
 
 /// One `spec.parentRefs[i]`, defaults applied.
@@ -112,6 +120,8 @@ pub struct RouteMatch {
     pub method: Option<String>,
     /// GRPCRoute `method`.
     pub grpc: Option<GrpcMethodMatch>,
+    /// VirtualService `port`: the match holds on that listener port only.
+    pub port: Option<u16>,
 }
 
 /// An HTTPRoute path match.
@@ -120,14 +130,20 @@ pub enum PathMatch {
     Exact(String),
     Prefix(String),
     Regex(String),
+    /// A VirtualService `prefix`: a plain string prefix (Envoy `prefix`), not whole path
+    /// segments.
+    RawPrefix(String),
 }
 
-/// A header or query parameter match: `Exact` or `RegularExpression`.
+/// A header or query parameter match: `Exact` or `RegularExpression` (or, from a
+/// VirtualService, a header `prefix`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ValueMatch {
     pub name: String,
     pub value: String,
     pub regex: bool,
+    /// A VirtualService header `prefix` match.
+    pub prefix: bool,
 }
 
 /// A GRPCRoute method match: `/<service>/<method>`; at least one of the two is set for a
@@ -165,6 +181,8 @@ pub struct HeaderFilter {
 pub enum PathModifier {
     Full(String),
     Prefix(String),
+    /// A VirtualService `rewrite.uri`: Envoy's `prefix_rewrite`, as written.
+    RawPrefix(String),
 }
 
 /// `RequestRedirect`.
@@ -208,6 +226,8 @@ pub struct BackendRef {
     pub port: Option<u16>,
     /// Default 1.
     pub weight: u32,
+    /// A VirtualService destination's `subset`.
+    pub subset: Option<String>,
     /// Header modifiers applied when this backend is picked.
     pub filters: Vec<RouteFilter>,
 }
@@ -219,6 +239,9 @@ pub struct Retry {
     pub attempts: Option<u32>,
     pub backoff: Option<Duration>,
     pub codes: Vec<u32>,
+    /// A VirtualService's `retryOn` (conditions; codes are in `codes`): replaces the
+    /// conditions a Gateway API retry gets.
+    pub retry_on: Option<String>,
 }
 
 /// Why istiod would not convert a route, or a backend it cannot resolve: the reason and

@@ -134,6 +134,12 @@ pub fn watched_kinds() -> Vec<WatchedKind> {
             "GRPCRoute",
             "grpcroutes",
         ),
+        crd(
+            Kind::VirtualService,
+            "networking.istio.io",
+            "VirtualService",
+            "virtualservices",
+        ),
     ];
     debug_assert!(all.iter().map(|w| w.kind).eq(Kind::ALL));
     all

@@ -99,12 +99,14 @@ spec:
             ValueMatch {
                 name: "x-v".into(),
                 value: "2".into(),
-                regex: false
+                regex: false,
+                prefix: false,
             },
             ValueMatch {
                 name: "x-r".into(),
                 value: "a.*".into(),
-                regex: true
+                regex: true,
+                prefix: false,
             },
         ]
     );
@@ -149,6 +151,7 @@ spec:
             attempts: Some(3),
             backoff: Some(Duration::from_millis(100)),
             codes: vec![503, 504],
+            retry_on: None,
         })
     );
     let rule = &got.rules[1];

@@ -414,6 +414,13 @@ fn route_resource(kind: RouteKind) -> ApiResource {
         RouteKind::Grpc => {
             api_resource("gateway.networking.k8s.io", "v1", "GRPCRoute", "grpcroutes")
         }
+        // Never watched here: a VirtualService gets no route status.
+        RouteKind::Virtual => api_resource(
+            "networking.istio.io",
+            "v1",
+            "VirtualService",
+            "virtualservices",
+        ),
     }
 }
 
@@ -434,6 +441,7 @@ fn stored(kind: RouteKind) -> impl Fn(&DynamicObject) -> (String, Option<Stored>
         let decoded = match kind {
             RouteKind::Http => crate::kube::routes::http_route(&value),
             RouteKind::Grpc => crate::kube::routes::grpc_route(&value),
+            RouteKind::Virtual => return (key, None),
         };
         let route = match decoded {
             Ok(Object::HttpRoute(r) | Object::GrpcRoute(r)) => r,

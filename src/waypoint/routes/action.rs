@@ -99,7 +99,7 @@ pub(super) fn redirect_action(r: &Redirect, port: u32) -> Option<RedirectAction>
         ..Default::default()
     };
     out.path_rewrite_specifier = Some(match &r.path {
-        Some(PathModifier::Prefix(p)) => {
+        Some(PathModifier::Prefix(p) | PathModifier::RawPrefix(p)) => {
             redirect_action::PathRewriteSpecifier::PrefixRewrite(p.clone())
         }
         Some(PathModifier::Full(p)) => {
@@ -157,9 +157,11 @@ fn quote_meta(text: &str) -> String {
 }
 
 /// `applyHTTPRouteDestination`: timeouts, rewrites, mirrors, the backends and the retry
-/// policy. Header mutations of a lone backend go on the route (`out`).
+/// policy. Header mutations of a lone backend go on the route (`out`). `written`: the rule
+/// comes from a VirtualService as written.
 pub(super) fn route_action(
     rule: &RouteRule,
+    written: bool,
     route_ns: &str,
     weighted: &[&BackendRef],
     mut authority: String,
@@ -194,7 +196,7 @@ pub(super) fn route_action(
         RouteFilter::Mirror(m) => Some(m),
         _ => None,
     }) {
-        if let Some(policy) = mirror_policy(mirror, route_ns, destinations) {
+        if let Some(policy) = mirror_policy(mirror, written, route_ns, destinations) {
             action.request_mirror_policies.push(policy);
         }
     }
@@ -265,6 +267,7 @@ fn apply_rewrite(
                 substitution: path.clone(),
             });
         }
+        Some(PathModifier::RawPrefix(prefix)) => action.prefix_rewrite = prefix.clone(),
         Some(PathModifier::Prefix(prefix)) => {
             let uri = prefix.strip_suffix('/').unwrap_or(prefix);
             if uri.is_empty() {
@@ -320,10 +323,14 @@ fn backend_ops(backend: &BackendRef) -> Option<BackendOps> {
 /// none at 0 %. A mirror whose backend cannot be used is left out.
 fn mirror_policy(
     mirror: &Mirror,
+    written: bool,
     route_ns: &str,
     destinations: &mut Destinations<'_>,
 ) -> Option<route_action::RequestMirrorPolicy> {
-    mirror.backend.port?;
+    // A Gateway API mirror needs a port; a VirtualService's may leave it to the service.
+    if mirror.backend.port.is_none() && !written {
+        return None;
+    }
     let fraction = match mirror.percent {
         Some(p) if p <= 0.0 => return None,
         Some(p) => FractionalPercent {
@@ -353,10 +360,27 @@ fn retry_policy(retry: &Retry, per_try: Option<Duration>) -> Option<RetryPolicy>
     }
     let mut policy = default_retry_policy();
     policy.num_retries = uint32(attempts);
-    policy.retry_on = RETRY_ON.into();
-    policy.retriable_status_codes = retry.codes.clone();
-    if !retry.codes.is_empty() {
-        policy.retry_on.push_str(",retriable-status-codes");
+    match retry.retry_on.as_deref() {
+        // A VirtualService without `retryOn` keeps the default policy's conditions.
+        Some("") if retry.codes.is_empty() => {}
+        // A VirtualService's `retryOn`: its conditions, its codes retriable.
+        Some(conditions) => {
+            policy.retry_on = conditions.into();
+            policy.retriable_status_codes = retry.codes.clone();
+            if !retry.codes.is_empty() && !policy.retry_on.contains("retriable-status-codes") {
+                if !policy.retry_on.is_empty() {
+                    policy.retry_on.push(',');
+                }
+                policy.retry_on.push_str("retriable-status-codes");
+            }
+        }
+        None => {
+            policy.retry_on = RETRY_ON.into();
+            policy.retriable_status_codes = retry.codes.clone();
+            if !retry.codes.is_empty() {
+                policy.retry_on.push_str(",retriable-status-codes");
+            }
+        }
     }
     policy.per_try_timeout = per_try.and_then(duration);
     if let Some(backoff) = retry.backoff.filter(|b| !b.is_zero()) {

@@ -38,6 +38,9 @@ pub(crate) struct Destinations<'a> {
     pub(crate) outbound: BTreeMap<String, Outbound>,
     /// Service resource names the routes referred to.
     pub(crate) reads: BTreeSet<String>,
+    /// The port of the chain being translated: a VirtualService destination without a port
+    /// (on a service with several) goes there.
+    pub(crate) listener_port: u32,
 }
 
 impl<'a> Destinations<'a> {
@@ -52,6 +55,7 @@ impl<'a> Destinations<'a> {
             bound: bound.collect(),
             outbound: BTreeMap::new(),
             reads: Default::default(),
+            listener_port: 0,
         }
     }
 
@@ -60,8 +64,6 @@ impl<'a> Destinations<'a> {
         let Ok(host) = backend.hostname(route_ns, self.domain) else {
             return UNKNOWN_SERVICE.into();
         };
-        // A backend without a port is a route istiod does not convert.
-        let port = u32::from(backend.port.unwrap_or_default());
         let namespace = if backend.is_service() {
             backend.namespace_or(route_ns)
         } else {
@@ -69,13 +71,33 @@ impl<'a> Destinations<'a> {
         };
         let key = service_key(namespace, &host);
         self.reads.insert(key.clone());
+        let found = self.lookup(&key);
+        // A Gateway API backend always has a port (istiod converts no route otherwise); a
+        // VirtualService destination without one takes the service's only port, else the
+        // listener's.
+        let port = match backend.port {
+            Some(p) => u32::from(p),
+            None => match found.as_ref().map(|(_, s)| s.ports.as_slice()) {
+                Some([only]) => only.service_port,
+                _ => self.listener_port,
+            },
+        };
+        let named_subset = backend.subset.as_deref().unwrap_or_default();
         if let Some(service) = self.bound.get(key.as_str()) {
-            return format!("inbound-vip|{port}|{}|{host}", subset(Some(service), port));
+            let kind = subset(Some(service), port);
+            return match backend.subset.as_deref() {
+                Some(s) => format!("inbound-vip|{port}|{kind}/{s}|{host}"),
+                None => format!("inbound-vip|{port}|{kind}|{host}"),
+            };
         }
-        let Some((resource, service)) = self.lookup(&key) else {
+        let Some((resource, service)) = found else {
             return format!("inbound-vip|{port}|http|{host}");
         };
-        let name = format!("outbound|{port}||{host}");
+        let name = format!("outbound|{port}|{named_subset}|{host}");
+        if !named_subset.is_empty() {
+            // Subset clusters (DestinationRule subsets) are not built: its requests get 500.
+            return name;
+        }
         let Some((target_port, protocol)) = service
             .ports
             .iter()

@@ -920,3 +920,5 @@ status: {phase: Running, podIP: 10.244.2.11, conditions: [{type: Ready, status: 
         Rebuild::Everything
     );
 }
+
+mod virtual_services;

@@ -97,6 +97,12 @@ pub fn ambient_resources() -> Vec<Resource> {
             true,
         ),
         r(
+            "networking.istio.io/v1",
+            "VirtualService",
+            "virtualservices",
+            true,
+        ),
+        r(
             "security.istio.io/v1",
             "AuthorizationPolicy",
             "authorizationpolicies",
