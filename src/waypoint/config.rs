@@ -15,11 +15,10 @@ use crate::pb::envoy::config::core::v3::CidrRange;
 use crate::pb::istio::workload::{AppProtocol, Service};
 use crate::waypoint::attach::{Attachment, Target};
 use crate::waypoint::bound::{Bound, WaypointKey, members};
+use crate::waypoint::chains::{self, ChainSpec, rbac_kind};
 use crate::waypoint::destination_rule::{DestinationRules, port_policy};
 use crate::waypoint::envoy::uint32;
-use crate::waypoint::listeners::{
-    self, Chain, ChainSpec, ListenerSettings, PortProtocol, ServiceMatch, rbac_kind,
-};
+use crate::waypoint::listeners::{self, Chain, ListenerSettings, PortProtocol, ServiceMatch};
 use crate::waypoint::proxy::{Extensions, WaypointProxy};
 use crate::waypoint::routes::{Destinations, RouteIndex};
 use crate::waypoint::traffic_policy::{AppliedPolicy, ChainTraffic};
@@ -423,9 +422,9 @@ impl Builder<'_> {
                         routes,
                     };
                     chains.push(if is_http {
-                        listeners::http_chain(spec, &settings)
+                        chains::http_chain(spec, &settings)
                     } else {
-                        listeners::tcp_chain(spec, &settings)
+                        chains::tcp_chain(spec, &settings)
                     });
                     clusters.push(clusters::inbound_vip(
                         chain,
@@ -494,7 +493,7 @@ impl Builder<'_> {
             &key.namespace,
         ));
         let on_waypoint = attached(Target::Waypoint);
-        let direct = listeners::direct_chains(
+        let direct = chains::direct_chains(
             &rbac::chain_rbac(on_waypoint.iter().copied(), rbac_kind(false)),
             &rbac::chain_rbac(on_waypoint.iter().copied(), rbac_kind(true)),
             jwt_authn(Target::Waypoint).as_ref(),

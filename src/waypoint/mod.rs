@@ -12,7 +12,8 @@
 //! |---|---|
 //! | `proxy` | who the proxy is, from its node id, metadata and announced extensions |
 //! | `bound` | its key, and the services and workloads bound to it |
-//! | `listeners` | `connect_terminate`, `main_internal` (matcher and chains), `connect_originate` |
+//! | `listeners` | `connect_terminate`, `main_internal` (the matcher from VIP to port to chain), `connect_originate` |
+//! | `chains` | `main_internal`'s chains: per service port HTTP (HCM, auth, routes) and TCP, and the direct ones |
 //! | `clusters` | `main_internal`, `encap`, `connect_originate`, `inbound-vip\|…` |
 //! | `destination_rule` | which DestinationRule applies to a bound service, and a port's policy |
 //! | `traffic_policy` | that policy on an `inbound-vip` cluster (LB, limits, outlier, TLS) |
@@ -21,11 +22,12 @@
 //! | `rbac` | AuthorizationPolicies with `targetRefs` as Envoy RBAC |
 //! | `jwt` | RequestAuthentications with `targetRefs` as `jwt_authn`, and RBAC's JWT principals |
 //! | `key_set` | whether Envoy accepts a key set inline |
-//! | `routes` | HTTPRoutes and GRPCRoutes as the HTTP chains' routes, and the `outbound` clusters they need |
+//! | `routes` | HTTPRoutes, GRPCRoutes and VirtualServices as the HTTP chains' routes, and the `outbound` clusters they need |
 //! | `config` | the whole config, and its incremental update |
 
 mod attach;
 mod bound;
+mod chains;
 mod clusters;
 mod config;
 mod destination_rule;

@@ -18,8 +18,8 @@ use crate::pb::envoy::config::route::v3::{
 };
 use crate::pb::envoy::r#type::matcher::v3::{RegexMatchAndSubstitute, RegexMatcher};
 use crate::pb::envoy::r#type::v3::{FractionalPercent, fractional_percent};
+use crate::waypoint::chains::default_retry_policy;
 use crate::waypoint::envoy::{self, uint32};
-use crate::waypoint::listeners::default_retry_policy;
 
 use super::destinations::Destinations;
 
