@@ -108,6 +108,9 @@ pub(super) struct Connection {
     /// Whether anything was sent for `latest` (for the convergence metric).
     pub(super) pushed: bool,
     pub(super) outbound: Outbound,
+    /// The stream's first request, read before this task started (to tell a waypoint from a
+    /// ztunnel): handled first. Boxed, so an idle task holds a pointer.
+    pub(super) first: Option<Box<Result<Received, Inbound>>>,
     pub(super) types: PerType<TypeState>,
     pub(super) proxy: Option<ProxyInfo>,
     pub(super) sent: u64,
@@ -142,62 +145,76 @@ impl Connection {
         tokio::pin!(expiry);
         // Since when changes have waited for room in the outbound queue.
         let mut waiting_since: Option<tokio::time::Instant> = None;
-        let end = loop {
-            if self.dirty.is_empty() {
-                waiting_since = None;
-            } else if waiting_since.is_none() {
-                waiting_since = Some(tokio::time::Instant::now());
+        // The request read before this task started, then the stream.
+        let early = match self.first.take().map(|first| *first) {
+            None => None,
+            Some(Ok((request, known))) => Box::pin(self.on_request(request, known)).await.err(),
+            Some(Err(Inbound::Transport(status))) => {
+                debug!(%status, "stream error");
+                Some(End::Closed)
             }
-            let idle_deadline = self.idle_timeout.zip(waiting_since).map(|(i, w)| w + i);
-            let outbound = self.outbound.clone();
-            tokio::select! {
-                biased;
-                _ = self.shutdown.cancelled() => break End::Shutdown,
-                _ = &mut expiry, if self.expires.is_some() => break End::Expired,
-                _ = tokio::time::sleep_until(idle_deadline.unwrap_or_else(tokio::time::Instant::now)),
-                    if idle_deadline.is_some() => {
-                    break End::Idle(self.idle_timeout.unwrap_or_default());
+            Some(Err(Inbound::Invalid(status))) => Some(End::Error(status)),
+        };
+        let end = if let Some(end) = early {
+            end
+        } else {
+            loop {
+                if self.dirty.is_empty() {
+                    waiting_since = None;
+                } else if waiting_since.is_none() {
+                    waiting_since = Some(tokio::time::Instant::now());
                 }
-                message = inbound.next() => match message {
-                    Some(Ok((request, known))) => {
-                        // Boxed (as `push_dirty` below): awaited inline, their state would
-                        // sit in every idle connection's task.
-                        if let Err(end) = Box::pin(self.on_request(request, known)).await {
-                            break end;
+                let idle_deadline = self.idle_timeout.zip(waiting_since).map(|(i, w)| w + i);
+                let outbound = self.outbound.clone();
+                tokio::select! {
+                    biased;
+                    _ = self.shutdown.cancelled() => break End::Shutdown,
+                    _ = &mut expiry, if self.expires.is_some() => break End::Expired,
+                    _ = tokio::time::sleep_until(idle_deadline.unwrap_or_else(tokio::time::Instant::now)),
+                        if idle_deadline.is_some() => {
+                        break End::Idle(self.idle_timeout.unwrap_or_default());
+                    }
+                    message = inbound.next() => match message {
+                        Some(Ok((request, known))) => {
+                            // Boxed (as `push_dirty` below): awaited inline, their state would
+                            // sit in every idle connection's task.
+                            if let Err(end) = Box::pin(self.on_request(request, known)).await {
+                                break end;
+                            }
+                        }
+                        None => break End::Closed,
+                        Some(Err(Inbound::Transport(status))) => {
+                            debug!(%status, "stream error");
+                            break End::Closed;
+                        }
+                        Some(Err(Inbound::Invalid(status))) => break End::Error(status),
+                    },
+                    changed = self.snapshots.changed() => {
+                        if changed.is_err() {
+                            // The index task ended: ambientd is shutting down.
+                            break End::Shutdown;
+                        }
+                        let latest = self.snapshots.borrow_and_update().clone();
+                        if let Some(latest) = latest {
+                            for state in self.types.values_mut() {
+                                state.note(&latest);
+                            }
+                            self.latest = Some(latest);
+                            self.pushed = false;
+                            self.dirty = self.types.keys().collect();
+                            self.publish_pending();
                         }
                     }
-                    None => break End::Closed,
-                    Some(Err(Inbound::Transport(status))) => {
-                        debug!(%status, "stream error");
-                        break End::Closed;
-                    }
-                    Some(Err(Inbound::Invalid(status))) => break End::Error(status),
-                },
-                changed = self.snapshots.changed() => {
-                    if changed.is_err() {
-                        // The index task ended: ambientd is shutting down.
-                        break End::Shutdown;
-                    }
-                    let latest = self.snapshots.borrow_and_update().clone();
-                    if let Some(latest) = latest {
-                        for state in self.types.values_mut() {
-                            state.note(&latest);
+                    slot = outbound.reserve(), if self.can_push() => match slot {
+                        Ok(slot) => {
+                            waiting_since = None;
+                            if let Err(end) = Box::pin(self.push_dirty(slot)).await {
+                                break end;
+                            }
                         }
-                        self.latest = Some(latest);
-                        self.pushed = false;
-                        self.dirty = self.types.keys().collect();
-                        self.publish_pending();
-                    }
+                        Err(_) => break End::Closed,
+                    },
                 }
-                slot = outbound.reserve(), if self.can_push() => match slot {
-                    Ok(slot) => {
-                        waiting_since = None;
-                        if let Err(end) = Box::pin(self.push_dirty(slot)).await {
-                            break end;
-                        }
-                    }
-                    Err(_) => break End::Closed,
-                },
             }
         };
         self.metrics.xds_clients.get_or_create(&version).dec();

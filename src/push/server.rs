@@ -284,27 +284,34 @@ impl AdsServer {
         // The first request's node says who is calling: a waypoint's Envoy gets its own
         // connection task; everyone else (ztunnel) the usual one. Each task is boxed so
         // that this future stays the size of one pointer while the stream lives.
+        // Only pointers are held across the first await (the stream, the connection, the
+        // first request are boxed): every idle stream's task keeps this future for its life.
+        let mut connection = Box::new(connection);
+        let mut inbound = Box::new(inbound);
         let task = async move {
-            let mut inbound = inbound;
-            let first = inbound.next().await;
-            if let Some(Ok((request, known))) = &first
-                && let Some(node) = &request.node
-                && WaypointProxy::is_waypoint(node)
-            {
-                let proxy = match WaypointProxy::from_node(node) {
-                    Ok(proxy) => proxy,
-                    Err(why) => {
-                        connection.outbound.end_with(Status::invalid_argument(why));
+            let first = inbound.next().await.map(Box::new);
+            let waypoint = match first.as_deref() {
+                Some(Ok((request, _))) => request
+                    .node
+                    .as_ref()
+                    .filter(|node| WaypointProxy::is_waypoint(node))
+                    .map(WaypointProxy::from_node),
+                _ => None,
+            };
+            match waypoint {
+                Some(Ok(proxy)) => {
+                    let Some(Ok(first)) = first.map(|f| *f) else {
                         return;
-                    }
-                };
-                let first = (request.clone(), known.clone());
-                let waypoint = waypoint_connection(connection, proxy, waypoints);
-                Box::pin(Box::new(waypoint).run(first, inbound)).await;
-                return;
+                    };
+                    let waypoint = waypoint_connection(*connection, proxy, waypoints);
+                    Box::pin(Box::new(waypoint).run(first, inbound)).await;
+                }
+                Some(Err(why)) => connection.outbound.end_with(Status::invalid_argument(why)),
+                None => {
+                    connection.first = first;
+                    Box::pin(connection.run(inbound)).await;
+                }
             }
-            let inbound = futures::stream::iter(first).chain(inbound);
-            Box::pin(Box::new(connection).run(inbound)).await;
         };
         tokio::spawn(task.instrument(span));
         responses
@@ -348,6 +355,7 @@ impl AdsServer {
             dirty: BTreeSet::new(),
             pushed: false,
             outbound,
+            first: None,
             types: PerType::new(),
             proxy: None,
             sent: 0,
