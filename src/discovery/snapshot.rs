@@ -174,7 +174,7 @@ pub struct Snapshot {
     /// RequestAuthentications with `targetRef(s)`, oldest first: enforced by waypoints (their
     /// `jwt_authn` filter). The same slice until one of them changes.
     pub waypoint_authentications: Arc<[Arc<RequestAuthentication>]>,
-    /// The key sets ambientd fetched for them (`kube::jwks`), by name. The same slice until one
+    /// The key sets ambientd fetched for them (by its key-set fetcher), by name. The same slice until one
     /// changes.
     pub jwks: Arc<[Arc<Jwks>]>,
     /// HTTPRoutes and GRPCRoutes, by kind, namespace and name: translated by waypoints, never

@@ -1,4 +1,4 @@
-//! Which `targetRef(s)` policies attach to which of a waypoint's chains (spec/waypoint.md §5.1,
+//! Which `targetRef(s)` policies attach to which of a waypoint's chains (istio/istio `pilot/pkg/model/policyattachment.go` and `pilot/pkg/security/`,
 //! istiod's `ShouldAttachPolicy` for a waypoint proxy). AuthorizationPolicies and
 //! RequestAuthentications attach by the same rules.
 

@@ -1,4 +1,4 @@
-//! What a waypoint serves (spec/waypoint.md §1.2): its key (the hostnames and addresses of its
+//! What a waypoint serves (istio/istio `pilot/pkg/networking/core/waypoint.go`): its key (the hostnames and addresses of its
 //! own Services) and the services and workloads bound to it, read from the snapshot.
 
 use std::collections::BTreeSet;

@@ -1,4 +1,4 @@
-//! The filter chains of `main_internal` (spec/waypoint.md §2.2): each bound service port's HTTP
+//! The filter chains of `main_internal` (istio/istio `pilot/pkg/networking/core/listener_waypoint.go`): each bound service port's HTTP
 //! chain (an HCM with `jwt_authn`, RBAC, and its routes or the default route) and TCP chain
 //! (RBAC, then `tcp_proxy`), and the direct workload chains `direct-http` and `direct-tcp`.
 

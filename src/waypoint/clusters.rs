@@ -1,4 +1,4 @@
-//! A waypoint's clusters (spec/waypoint.md §3): the fixed `main_internal`, `encap` and
+//! A waypoint's clusters (istio/istio `pilot/pkg/networking/core/cluster_waypoint.go`): the fixed `main_internal`, `encap` and
 //! `connect_originate`, and one EDS cluster `inbound-vip|<port>|<http|tcp>|<host>` per bound
 //! service port and protocol, with its DestinationRule's policy ([`traffic_policy`]).
 

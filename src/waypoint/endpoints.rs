@@ -1,4 +1,4 @@
-//! EDS for a waypoint's `inbound-vip` clusters (spec/waypoint.md §3.4): the service's members
+//! EDS for a waypoint's `inbound-vip` clusters (istio/istio `pilot/pkg/xds/endpoints/endpoint_builder.go`): the service's members
 //! on the port, HBONE ones as internal addresses of `connect_originate` carrying their
 //! `ip:port` in metadata, the others as plain sockets.
 

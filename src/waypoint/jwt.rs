@@ -1,5 +1,5 @@
 //! RequestAuthentications with `targetRefs` -> a waypoint HTTP chain's `jwt_authn` filter
-//! (spec/waypoint.md §5.3), as istiod builds it (`pilot/pkg/security/authn/policy_applier.go`
+//! (istio/istio `pilot/pkg/security/authn/`), as istiod builds it (`pilot/pkg/security/authn/policy_applier.go`
 //! `convertToEnvoyJwtConfig`), and the RBAC principals that read what it verified
 //! (`pilot/pkg/security/authz/model/generator.go`, `util.go`).
 //!

@@ -1,4 +1,4 @@
-//! A waypoint's three listeners (spec/waypoint.md §2): `connect_terminate` (HBONE in),
+//! A waypoint's three listeners (istio/istio `pilot/pkg/networking/core/listener_waypoint.go`): `connect_terminate` (HBONE in),
 //! `main_internal` (the matcher from VIP to port to chain, over the chains that
 //! [`crate::waypoint::chains`] builds) and `connect_originate` (HBONE out).
 

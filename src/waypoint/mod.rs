@@ -1,4 +1,4 @@
-//! Waypoints: the Envoy config ambientd serves a waypoint proxy (spec/waypoint.md, single
+//! Waypoints: the Envoy config ambientd serves a waypoint proxy (docs/waypoint.md, single
 //! network), as istiod builds it, from the same snapshot ztunnel's resources come from.
 //!
 //! Pure code: a [`WaypointProxy`] (from its node) and a snapshot give a [`ConfigId`] (its

@@ -1,4 +1,4 @@
-//! Who a waypoint proxy is, from the node it sends (spec/waypoint.md §1.1): its namespace, pod
+//! Who a waypoint proxy is, from the node it sends (istio/istio `pilot/pkg/networking/core/waypoint.go`): its namespace, pod
 //! IPs and Gateway, and which of Istio's own Envoy extensions it has.
 
 use std::net::IpAddr;

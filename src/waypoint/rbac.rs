@@ -1,5 +1,5 @@
 //! AuthorizationPolicies with `targetRefs` -> Envoy RBAC on a waypoint's chains
-//! (spec/waypoint.md §5.2), as istiod's `pilot/pkg/security/authz/model` translates them. Which
+//! (istio/istio `pilot/pkg/model/policyattachment.go` and `pilot/pkg/security/`), as istiod's `pilot/pkg/security/authz/model` translates them. Which
 //! policies attach to which chain is `attach`.
 //!
 //! - Identities (`principals`, `namespaces`, `serviceAccounts`, `trustDomains`, `source.*`)

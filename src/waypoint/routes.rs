@@ -1,4 +1,4 @@
-//! Gateway API routes at a waypoint (spec/waypoint.md §4.1–§4.2): the HTTPRoutes and
+//! Gateway API routes at a waypoint (istio/istio `pilot/pkg/networking/core/listener_waypoint.go` (routes)): the HTTPRoutes and
 //! GRPCRoutes whose parent is a bound Service (GAMMA), a bound ServiceEntry, or the
 //! waypoint's own Gateway, turned into the Envoy routes of that service's HTTP chains, as
 //! istiod converts them to VirtualServices (`pilot/pkg/config/kube/gateway/conversion.go`,

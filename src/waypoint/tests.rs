@@ -1,4 +1,4 @@
-//! Table tests of a waypoint's config against spec/waypoint.md: the worked example of §10
+//! Table tests of a waypoint's config against docs/waypoint.md
 //! (names, matcher, endpoints, RBAC), the config with nothing bound (§11), what a change
 //! rebuilds, and the plain-Envoy flavour.
 

@@ -1,4 +1,4 @@
-//! Route status (spec/waypoint.md §4.1) from a whole replica against the fake API server:
+//! Route status (istio/istio `pilot/pkg/networking/core/listener_waypoint.go` (routes)) from a whole replica against the fake API server:
 //! the leader writes an HTTPRoute's and a GRPCRoute's `parents` with istiod's conditions
 //! (a bound Service, a Service without a waypoint, a missing one, the waypoint Gateway),
 //! follows a change of the route (a missing backend: `ResolvedRefs` false) and of its parent

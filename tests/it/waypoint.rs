@@ -1,4 +1,4 @@
-//! A real Envoy 1.40 as a waypoint, served by ambientd (spec/waypoint.md §1–§7, issue 22): it
+//! A real Envoy 1.40 as a waypoint, served by ambientd (istio/istio `pilot/pkg/networking/core/waypoint.go`, issue 22): it
 //! accepts every resource, and a client playing the calling ztunnel reaches a plain backend and
 //! an HBONE backend through it, on HTTP and TCP ports; an L4 DENY on the Service refuses and
 //! its removal lets through; a new backend pod gets traffic and an unbound Service's chain goes

@@ -1,4 +1,4 @@
-//! The waypoint deployment controller and Gateway status (spec/waypoint.md §8, issue 23), run
+//! The waypoint deployment controller and Gateway status (istio/istio `pilot/pkg/config/kube/gatewaycommon/deploymentcontroller.go` and `pilot/pkg/config/kube/gateway/conversion.go`, issue 23), run
 //! by a whole replica against the fake API server: `istioctl waypoint apply`'s Gateway gets its
 //! GatewayClass, ServiceAccount, Deployment and Service (owned by the Gateway); once its
 //! Service has a ClusterIP and a ready pod the Gateway's status has both addresses and

@@ -1,5 +1,5 @@
 //! L7 authorization and RequestAuthentication through a real Envoy 1.40 as waypoint
-//! (spec/waypoint.md §5.2–§5.3, issue 24): a client playing the calling ztunnel sends HTTP
+//! (istio/istio `pilot/pkg/model/policyattachment.go` and `pilot/pkg/security/`, issue 24): a client playing the calling ztunnel sends HTTP
 //! requests over HBONE to a Service bound to the waypoint.
 //!
 //! - A RequestAuthentication with a `jwksUri` served by a key server on loopback (ambientd

@@ -1,4 +1,4 @@
-//! Gateway API routes through a real Envoy 1.40 as waypoint (spec/waypoint.md §4, issue 24):
+//! Gateway API routes through a real Envoy 1.40 as waypoint (istio/istio `pilot/pkg/networking/core/listener_waypoint.go` (routes), issue 24):
 //! an HTTPRoute and a GRPCRoute on the Service `web`, and a client playing the calling
 //! ztunnel. Each check is a real request through Envoy:
 //!

@@ -1,4 +1,4 @@
-//! A VirtualService through a real Envoy as waypoint (spec/waypoint.md §4.1–§4.2): on the
+//! A VirtualService through a real Envoy as waypoint (istio/istio `pilot/pkg/networking/core/listener_waypoint.go` (routes)): on the
 //! Service `web` (the mesh of tests/it/waypoint_routes.rs), a header match sends requests to
 //! `web-v2` (not bound: its `outbound|…` cluster over HBONE) and the rule without matches
 //! sends everything else to `web-v1` (bound: its `inbound-vip|…` cluster). Both are real

@@ -1,4 +1,4 @@
-//! A waypoint's delta ADS conversation at the wire (spec/waypoint.md §1.3), with the node
+//! A waypoint's delta ADS conversation at the wire (istio/istio `pilot/pkg/xds/delta.go`), with the node
 //! Istio's proxy sends (no `extensions` list: Istio's own filters are given): the four types
 //! answered on their first request; an endpoint change sends one ClusterLoadAssignment and
 //! the new Workload, no LDS or CDS; a NACK is counted, logged and shown in syncz and not

@@ -29,7 +29,7 @@ pub enum Kind {
     PeerAuthentication,
     DestinationRule,
     RequestAuthentication,
-    /// A key set ambientd fetched for a RequestAuthentication's `jwksUri` (`kube::jwks`):
+    /// A key set ambientd fetched for a RequestAuthentication's `jwksUri` (by its key-set fetcher):
     /// not listed by any source, so not in [`Kind::ALL`].
     Jwks,
     HttpRoute,

@@ -1,5 +1,5 @@
 //! A `security.istio.io` RequestAuthentication, reduced to what a waypoint's `jwt_authn`
-//! filter reads (spec/waypoint.md §5.3), and [`Jwks`]: a key set ambientd fetched from a
+//! filter reads (istio/istio `pilot/pkg/security/authn/`), and [`Jwks`]: a key set ambientd fetched from a
 //! `jwksUri`, which reaches the index as an object of its own so that the pure waypoint
 //! builder can inline it.
 
@@ -109,7 +109,7 @@ impl JwksSource {
     }
 }
 
-/// A key set ambientd fetched (`kube::jwks`), named by [`JwksSource::key`]. Not a Kubernetes
+/// A key set ambientd fetched (by its key-set fetcher), named by [`JwksSource::key`]. Not a Kubernetes
 /// object: no source lists it, so it is not in `Kind::ALL`. Only a good fetch is sent; a
 /// source without one has no object, and the waypoint fails closed for it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -20,7 +20,7 @@ pub enum RouteKind {
     Http,
     Grpc,
     /// A `networking.istio.io` VirtualService's `http` routes, converted to this model
-    /// (`kube::virtual_services`).
+    /// (by the VirtualService decoder).
     Virtual,
 }
 

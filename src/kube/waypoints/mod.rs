@@ -1,4 +1,4 @@
-//! The waypoint deployment controller and Gateway status (spec/waypoint.md §8), as istiod's
+//! The waypoint deployment controller and Gateway status (istio/istio `pilot/pkg/config/kube/gatewaycommon/deploymentcontroller.go` and `pilot/pkg/config/kube/gateway/conversion.go`), as istiod's
 //! gateway deployment controller and gateway status controller do them for class
 //! `istio-waypoint`.
 //!

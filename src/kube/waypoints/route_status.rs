@@ -1,4 +1,4 @@
-//! The status of HTTPRoutes and GRPCRoutes (spec/waypoint.md §4.1), as istiod's gateway
+//! The status of HTTPRoutes and GRPCRoutes (istio/istio `pilot/pkg/networking/core/listener_waypoint.go` (routes)), as istiod's gateway
 //! status controller writes it (istio/istio `pilot/pkg/config/kube/gateway/conditions.go`
 //! `createRouteStatus`, `conversion.go` `referenceAllowed`, `extractParentReferenceInfo`):
 //! one `parents` entry per parentRef ambientd serves, with `controllerName`
@@ -39,7 +39,7 @@ use std::time::Duration;
 use futures::{FutureExt, StreamExt};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -53,6 +53,7 @@ use crate::kube::leader::Leadership;
 use crate::kube::listed::Listed;
 use crate::kube::status_writer::RateLimiter;
 
+use super::status::{Condition, merge_conditions};
 use super::{WAYPOINT_CLASS, api_resource, sleep_until, without_times};
 
 /// The `controllerName` of ambientd's (istiod's) route parent statuses.
@@ -341,69 +342,6 @@ pub fn route_status(
         .unwrap_or_default();
     status.insert("parents".into(), Value::Array(parents));
     Value::Object(status)
-}
-
-/// One condition as decided.
-struct Condition {
-    kind: &'static str,
-    status: bool,
-    reason: &'static str,
-    message: String,
-}
-
-impl Condition {
-    fn new(
-        kind: &'static str,
-        status: bool,
-        reason: &'static str,
-        message: impl Into<String>,
-    ) -> Self {
-        Condition {
-            kind,
-            status,
-            reason,
-            message: message.into(),
-        }
-    }
-}
-
-/// The current conditions with each decided one put in place of its type (or appended),
-/// keeping its `lastTransitionTime` while its status holds (istiod's `SetListenerConditions`).
-fn merge_conditions(
-    current: Option<&Value>,
-    decided: Vec<Condition>,
-    generation: i64,
-    now: &str,
-) -> Value {
-    let mut conditions: Vec<Value> = current
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    for condition in decided {
-        let status = if condition.status { "True" } else { "False" };
-        let existing = conditions
-            .iter()
-            .position(|c| c["type"].as_str() == Some(condition.kind));
-        let since = existing
-            .map(|i| &conditions[i])
-            .filter(|c| c["status"].as_str() == Some(status))
-            .and_then(|c| c["lastTransitionTime"].as_str())
-            .unwrap_or(now);
-        let mut value = Map::new();
-        value.insert("type".into(), condition.kind.into());
-        value.insert("status".into(), status.into());
-        value.insert("reason".into(), condition.reason.into());
-        value.insert("message".into(), condition.message.into());
-        value.insert("lastTransitionTime".into(), since.into());
-        if generation != 0 {
-            value.insert("observedGeneration".into(), generation.into());
-        }
-        match existing {
-            Some(i) => conditions[i] = Value::Object(value),
-            None => conditions.push(Value::Object(value)),
-        }
-    }
-    Value::Array(conditions)
 }
 
 fn route_resource(kind: RouteKind) -> ApiResource {

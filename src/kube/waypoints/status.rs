@@ -1,5 +1,5 @@
 //! The status istiod writes on a managed waypoint Gateway and on GatewayClass
-//! `istio-waypoint` (spec/waypoint.md §8.3), from istio/istio
+//! `istio-waypoint` (istio/istio `pilot/pkg/config/kube/gateway/conversion.go`), from istio/istio
 //! `pilot/pkg/config/kube/gateway/{gateway_collection.go,conversion.go}`
 //! (`reportGatewayStatus`, `buildListener`), `gatewaycommon/context.go`
 //! (`ResolveGatewayInstances`), `gatewaycommon/conversion.go` (`SetProgrammedCondition`,
@@ -44,7 +44,7 @@ const SUPPORTED_PROTOCOLS: [&str; 5] = ["HTTP", "HTTPS", "TLS", "TCP", "HBONE"];
 const NO_ERRORS: &str = "No errors found";
 
 /// One condition as decided, before it is merged into the current ones.
-struct Condition {
+pub(crate) struct Condition {
     kind: &'static str,
     status: bool,
     reason: &'static str,
@@ -52,7 +52,7 @@ struct Condition {
 }
 
 impl Condition {
-    fn new(
+    pub(crate) fn new(
         kind: &'static str,
         status: bool,
         reason: &'static str,
@@ -333,8 +333,9 @@ fn supported_kinds(protocol: &str) -> Value {
 
 /// The current conditions with each decided one put in place of its type (or appended):
 /// its `lastTransitionTime` is kept while its status holds, else `now`. Conditions of other
-/// types stay. `observedGeneration` is left out when 0, as istiod's JSON does.
-fn merge_conditions(
+/// types stay. `observedGeneration` is left out when 0, as istiod's JSON does. Gateway,
+/// listener and route status all merge this way (istiod's `SetListenerConditions`).
+pub(crate) fn merge_conditions(
     current: Option<&Value>,
     decided: Vec<Condition>,
     generation: i64,

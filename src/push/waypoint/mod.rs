@@ -1,4 +1,4 @@
-//! A waypoint's delta ADS stream (spec/waypoint.md §1.3): CDS and LDS (wildcard), EDS (by
+//! A waypoint's delta ADS stream (istio/istio `pilot/pkg/xds/delta.go`): CDS and LDS (wildcard), EDS (by
 //! cluster name) and `istio.workload.Workload` (wildcard), from the waypoint's shared config
 //! ([`configs`]) and the snapshot.
 //!

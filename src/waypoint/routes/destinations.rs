@@ -1,5 +1,5 @@
 //! Where a route's backends go (istiod's `getWaypointDestinationCluster`): the bound
-//! services' `inbound-vip` clusters, or `outbound|<port>||<host>` clusters (spec/waypoint.md
+//! services' `inbound-vip` clusters, or `outbound|<port>||<host>` clusters (docs/waypoint.md
 //! §3.3) for the others, collected for the builder.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -1,4 +1,4 @@
-//! Table tests of Gateway API routes at a waypoint (spec/waypoint.md §4.1–§4.2): each match
+//! Table tests of Gateway API routes at a waypoint (istio/istio `pilot/pkg/networking/core/listener_waypoint.go` (routes)): each match
 //! kind, weights, each filter, timeouts and retries, GRPCRoute methods, parentRef ports,
 //! which routes apply where, `outbound` clusters for unbound backends, and what a change
 //! rebuilds.

@@ -1,4 +1,4 @@
-//! VirtualService `http` routes at a waypoint (spec/waypoint.md §4.1–§4.2): which
+//! VirtualService `http` routes at a waypoint (istio/istio `pilot/pkg/networking/core/listener_waypoint.go` (routes)): which
 //! VirtualServices apply to a bound service, their order (as written, then merged with the
 //! Gateway API routes by creation time), matches, destinations and actions, all through the
 //! same translation as the Gateway API routes.
