@@ -60,7 +60,11 @@ fn over_limit(size: usize) -> ! {
         }
     }
     let mut at = 0;
-    for &b in prefix.iter().chain(digits[..len].iter().rev()).chain(suffix) {
+    for &b in prefix
+        .iter()
+        .chain(digits[..len].iter().rev())
+        .chain(suffix)
+    {
         line[at] = b;
         at += 1;
     }

@@ -37,7 +37,11 @@ pub const ZTUNNEL: (&str, &str) = ("istio-system", "ztunnel");
 /// ztunnel's node, where the one pod of the pod index runs.
 pub const NODE: &str = "node-1";
 /// The pod ztunnel may impersonate (it runs on [`NODE`]).
-pub const POD: (&str, &str, &str) = ("bookinfo", "productpage-v1-6b746f74dc-9stvs", "bookinfo-productpage");
+pub const POD: (&str, &str, &str) = (
+    "bookinfo",
+    "productpage-v1-6b746f74dc-9stvs",
+    "bookinfo-productpage",
+);
 
 /// The CA and what the targets call it with.
 pub struct Ca {
@@ -57,8 +61,9 @@ pub fn ca() -> &'static Ca {
 fn build() -> Ca {
     let dir = fixtures();
     let now = time::OffsetDateTime::now_utc();
-    let loaded = ambientd::ca::roots::load_or_create_self_signed(&dir.join("ca"), TRUST_DOMAIN, now)
-        .expect("fixtures/ca");
+    let loaded =
+        ambientd::ca::roots::load_or_create_self_signed(&dir.join("ca"), TRUST_DOMAIN, now)
+            .expect("fixtures/ca");
     let roots = loaded.signer.roots().to_vec();
     let local = LocalKey::load_or_create(&dir).expect("fixtures/token-key.pem");
     let jwks = ambientd::ca::authn::read_jwks(&dir.join("jwks.json")).expect("fixtures/jwks.json");
@@ -148,8 +153,8 @@ pub fn csr_pem(data: &[u8]) {
                 // Whatever the CSR asks for, the certificate names the authorized identity.
                 let want = impersonate.unwrap_or_else(ztunnel);
                 let chain = response.into_inner().cert_chain;
-                let leaf = ambientd::ca::keys::certificates(chain[0].as_bytes())
-                    .expect("the leaf is PEM");
+                let leaf =
+                    ambientd::ca::keys::certificates(chain[0].as_bytes()).expect("the leaf is PEM");
                 assert_eq!(spiffe_id_of(&leaf[0]).expect("a SPIFFE SAN"), want);
             }
             Err(status) => {
@@ -173,7 +178,12 @@ pub fn csr_der(data: &[u8]) {
     let identity = pod_identity();
     let signer = ca().state.signer.load();
     let chain = signer
-        .sign_workload(&csr, &identity, Duration::from_secs(3600), time::OffsetDateTime::now_utc())
+        .sign_workload(
+            &csr,
+            &identity,
+            Duration::from_secs(3600),
+            time::OffsetDateTime::now_utc(),
+        )
         .expect("a verified CSR is signed");
     let leaf = ambientd::ca::keys::certificates(chain[0].as_bytes()).expect("the leaf is PEM");
     assert_eq!(spiffe_id_of(&leaf[0]).expect("a SPIFFE SAN"), identity);
@@ -195,7 +205,10 @@ pub fn jwt(data: &[u8]) {
         return;
     };
     assert!(
-        matches!(caller.method, Method::LocalToken | Method::ServiceAccountToken),
+        matches!(
+            caller.method,
+            Method::LocalToken | Method::ServiceAccountToken
+        ),
         "{caller:?}"
     );
     let own = authorize(&state.policy, &caller, None, state.pods.as_ref());

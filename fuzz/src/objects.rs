@@ -34,7 +34,10 @@ pub fn load(objects: Vec<Object>) -> Arc<Snapshot> {
     }
     let mut index = Index::new(Settings::default());
     for kind in Kind::ALL {
-        index.handle(Event::Reset(kind, by_kind.remove(&kind).unwrap_or_default()));
+        index.handle(Event::Reset(
+            kind,
+            by_kind.remove(&kind).unwrap_or_default(),
+        ));
     }
     index.handle(Event::Synced);
     index.snapshot()

@@ -12,6 +12,7 @@
 use std::convert::Infallible;
 use std::sync::{Arc, LazyLock};
 
+use ambientd::ca::XdsGuard;
 use ambientd::debug::DebugState;
 use ambientd::debug::xds::DebugXds;
 use ambientd::discovery::{Index, Settings, Snapshot};
@@ -19,7 +20,6 @@ use ambientd::metrics::Metrics;
 use ambientd::pb::xds::DeltaDiscoveryResponse;
 use ambientd::push::route::AdsService;
 use ambientd::push::{AdsServer, Registry};
-use ambientd::ca::XdsGuard;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use prost::Message;
@@ -113,7 +113,10 @@ pub fn sotw(data: &[u8]) {
 fn check_delta(frames: &[Bytes]) {
     for frame in frames {
         if let Err(error) = DeltaDiscoveryResponse::decode(frame.clone()) {
-            panic!("a response frame of {} bytes does not decode: {error}", frame.len());
+            panic!(
+                "a response frame of {} bytes does not decode: {error}",
+                frame.len()
+            );
         }
     }
 }
@@ -128,7 +131,9 @@ where
         .chunks(512)
         .map(|chunk| Ok(http_body::Frame::data(Bytes::copy_from_slice(chunk))))
         .collect();
-    let body = Body::new(http_body_util::StreamBody::new(futures::stream::iter(chunks)));
+    let body = Body::new(http_body_util::StreamBody::new(futures::stream::iter(
+        chunks,
+    )));
     let mut request = http::Request::builder()
         .method(http::Method::POST)
         .uri(format!("http://ambientd{path}"))

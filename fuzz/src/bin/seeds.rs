@@ -105,7 +105,11 @@ fn make_fixtures(dir: &Path) {
             "x": URL_SAFE_NO_PAD.encode(&point[1..33]),
             "y": URL_SAFE_NO_PAD.encode(&point[33..65]),
         }]});
-        std::fs::write(dir.join("jwks.json"), serde_json::to_string_pretty(&jwks).unwrap()).unwrap();
+        std::fs::write(
+            dir.join("jwks.json"),
+            serde_json::to_string_pretty(&jwks).unwrap(),
+        )
+        .unwrap();
     }
 }
 
@@ -137,7 +141,11 @@ fn ztunnel_node() -> Node {
 
 fn waypoint_node() -> Node {
     let labels = Struct {
-        fields: [("gateway.networking.k8s.io/gateway-name".to_string(), text("waypoint"))].into(),
+        fields: [(
+            "gateway.networking.k8s.io/gateway-name".to_string(),
+            text("waypoint"),
+        )]
+        .into(),
     };
     Node {
         id: "waypoint~10.244.1.9~waypoint-6f7d8c9b5c-q2w3e.bookinfo~bookinfo.svc.cluster.local"
@@ -170,7 +178,11 @@ fn grpc(messages: &[Vec<u8>]) -> Vec<u8> {
     out
 }
 
-fn delta(node: Option<Node>, type_url: &str, f: impl FnOnce(&mut DeltaDiscoveryRequest)) -> Vec<u8> {
+fn delta(
+    node: Option<Node>,
+    type_url: &str,
+    f: impl FnOnce(&mut DeltaDiscoveryRequest),
+) -> Vec<u8> {
     let mut request = DeltaDiscoveryRequest {
         node,
         type_url: type_url.to_string(),
@@ -184,72 +196,111 @@ fn delta_requests(seeds: &mut Seeds) {
     let t = "xds_delta_request";
     let z = || Some(ztunnel_node());
     // ztunnel: wildcard Address and Authorization, then their ACKs.
-    seeds.add(t, "ztunnel-wildcard", grpc(&[
-        delta(z(), ADDRESS, |_| {}),
-        delta(None, AUTHORIZATION, |_| {}),
-        delta(None, ADDRESS, |r| r.response_nonce = "1".into()),
-        delta(None, AUTHORIZATION, |r| r.response_nonce = "2".into()),
-    ]));
+    seeds.add(
+        t,
+        "ztunnel-wildcard",
+        grpc(&[
+            delta(z(), ADDRESS, |_| {}),
+            delta(None, AUTHORIZATION, |_| {}),
+            delta(None, ADDRESS, |r| r.response_nonce = "1".into()),
+            delta(None, AUTHORIZATION, |r| r.response_nonce = "2".into()),
+        ]),
+    );
     // On demand (XDS_ON_DEMAND): no wildcard, then names subscribed and unsubscribed.
-    seeds.add(t, "ztunnel-on-demand", grpc(&[
-        delta(z(), ADDRESS, |r| r.resource_names_subscribe = vec!["*".into()]),
-        delta(None, ADDRESS, |r| {
-            r.response_nonce = "1".into();
-            r.resource_names_subscribe = vec![
-                "bookinfo/productpage.bookinfo.svc.cluster.local".into(),
-                "/10.96.0.20".into(),
-                "Kubernetes//Pod/bookinfo/productpage-v1-6b746f74dc-9stvs".into(),
-            ];
-        }),
-        delta(None, ADDRESS, |r| {
-            r.resource_names_unsubscribe = vec!["/10.96.0.20".into()];
-        }),
-    ]));
-    seeds.add(t, "ztunnel-explicit-names", grpc(&[delta(z(), ADDRESS, |r| {
-        r.resource_names_subscribe = vec!["bookinfo/reviews.bookinfo.svc.cluster.local".into()];
-    })]));
+    seeds.add(
+        t,
+        "ztunnel-on-demand",
+        grpc(&[
+            delta(z(), ADDRESS, |r| {
+                r.resource_names_subscribe = vec!["*".into()]
+            }),
+            delta(None, ADDRESS, |r| {
+                r.response_nonce = "1".into();
+                r.resource_names_subscribe = vec![
+                    "bookinfo/productpage.bookinfo.svc.cluster.local".into(),
+                    "/10.96.0.20".into(),
+                    "Kubernetes//Pod/bookinfo/productpage-v1-6b746f74dc-9stvs".into(),
+                ];
+            }),
+            delta(None, ADDRESS, |r| {
+                r.resource_names_unsubscribe = vec!["/10.96.0.20".into()];
+            }),
+        ]),
+    );
+    seeds.add(
+        t,
+        "ztunnel-explicit-names",
+        grpc(&[delta(z(), ADDRESS, |r| {
+            r.resource_names_subscribe = vec!["bookinfo/reviews.bookinfo.svc.cluster.local".into()];
+        })]),
+    );
     // A reconnect: what the proxy holds, some current, some stale, one unknown.
-    seeds.add(t, "ztunnel-reconnect", grpc(&[delta(z(), ADDRESS, |r| {
-        r.initial_resource_versions = [
-            ("bookinfo/productpage.bookinfo.svc.cluster.local", "0123456789abcdef"),
-            ("Kubernetes//Pod/bookinfo/productpage-v1-6b746f74dc-9stvs", "fedcba9876543210"),
-            ("bookinfo/gone.bookinfo.svc.cluster.local", "1"),
-            ("", ""),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    })]));
-    seeds.add(t, "ztunnel-nack", grpc(&[
-        delta(z(), AUTHORIZATION, |_| {}),
-        delta(None, AUTHORIZATION, |r| {
-            r.response_nonce = "1".into();
-            r.error_detail = Some(Status {
-                code: 3,
-                message: "rejected: unknown field".into(),
-                details: vec![],
-            });
-        }),
-        delta(None, AUTHORIZATION, |r| r.response_nonce = "7".into()),
-    ]));
-    seeds.add(t, "unknown-type", grpc(&[delta(z(), "type.googleapis.com/x.Unknown", |_| {})]));
+    seeds.add(
+        t,
+        "ztunnel-reconnect",
+        grpc(&[delta(z(), ADDRESS, |r| {
+            r.initial_resource_versions = [
+                (
+                    "bookinfo/productpage.bookinfo.svc.cluster.local",
+                    "0123456789abcdef",
+                ),
+                (
+                    "Kubernetes//Pod/bookinfo/productpage-v1-6b746f74dc-9stvs",
+                    "fedcba9876543210",
+                ),
+                ("bookinfo/gone.bookinfo.svc.cluster.local", "1"),
+                ("", ""),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        })]),
+    );
+    seeds.add(
+        t,
+        "ztunnel-nack",
+        grpc(&[
+            delta(z(), AUTHORIZATION, |_| {}),
+            delta(None, AUTHORIZATION, |r| {
+                r.response_nonce = "1".into();
+                r.error_detail = Some(Status {
+                    code: 3,
+                    message: "rejected: unknown field".into(),
+                    details: vec![],
+                });
+            }),
+            delta(None, AUTHORIZATION, |r| r.response_nonce = "7".into()),
+        ]),
+    );
+    seeds.add(
+        t,
+        "unknown-type",
+        grpc(&[delta(z(), "type.googleapis.com/x.Unknown", |_| {})]),
+    );
     seeds.add(t, "no-node", grpc(&[delta(None, ADDRESS, |_| {})]));
     // A waypoint's Envoy: listeners and clusters, then the assignments its clusters name.
     let w = || Some(waypoint_node());
-    seeds.add(t, "waypoint", grpc(&[
-        delta(w(), CLUSTER, |_| {}),
-        delta(None, LISTENER, |_| {}),
-        delta(None, CLUSTER, |r| r.response_nonce = "1".into()),
-        delta(None, ENDPOINT, |r| {
-            r.resource_names_subscribe =
-                vec!["outbound|9080||productpage.bookinfo.svc.cluster.local".into()];
-        }),
-        delta(None, LISTENER, |r| r.response_nonce = "2".into()),
-    ]));
-    seeds.add(t, "waypoint-reconnect", grpc(&[delta(w(), LISTENER, |r| {
-        r.initial_resource_versions =
-            [("main_internal".to_string(), "1".to_string())].into();
-    })]));
+    seeds.add(
+        t,
+        "waypoint",
+        grpc(&[
+            delta(w(), CLUSTER, |_| {}),
+            delta(None, LISTENER, |_| {}),
+            delta(None, CLUSTER, |r| r.response_nonce = "1".into()),
+            delta(None, ENDPOINT, |r| {
+                r.resource_names_subscribe =
+                    vec!["outbound|9080||productpage.bookinfo.svc.cluster.local".into()];
+            }),
+            delta(None, LISTENER, |r| r.response_nonce = "2".into()),
+        ]),
+    );
+    seeds.add(
+        t,
+        "waypoint-reconnect",
+        grpc(&[delta(w(), LISTENER, |r| {
+            r.initial_resource_versions = [("main_internal".to_string(), "1".to_string())].into();
+        })]),
+    );
     // Framing: a compressed message, a length past the limit, a truncated message.
     seeds.add(t, "compressed", vec![1, 0, 0, 0, 2, 0x12, 0]);
     seeds.add(t, "too-long", vec![0, 0xff, 0xff, 0xff, 0xff]);
@@ -275,14 +326,38 @@ fn sotw(type_url: &str, names: &[&str], nonce: &str) -> Vec<u8> {
 fn sotw_requests(seeds: &mut Seeds) {
     let t = "xds_sotw_request";
     let proxy = "ztunnel-x7k2p.istio-system";
-    seeds.add(t, "syncz", grpc(&[sotw("istio.io/debug/syncz", &[], ""), sotw("istio.io/debug/syncz", &[], "1")]));
-    seeds.add(t, "config-dump", grpc(&[sotw("istio.io/debug/config_dump", &[proxy], "")]));
-    seeds.add(t, "debug-endpoints", grpc(&[sotw(
-        "istio.io/debug",
-        &["syncz", "adsz", "connections", &format!("config_dump?proxyID={proxy}")],
-        "",
-    )]));
-    seeds.add(t, "debug-not-found", grpc(&[sotw("istio.io/debug", &["nothing"], "")]));
+    seeds.add(
+        t,
+        "syncz",
+        grpc(&[
+            sotw("istio.io/debug/syncz", &[], ""),
+            sotw("istio.io/debug/syncz", &[], "1"),
+        ]),
+    );
+    seeds.add(
+        t,
+        "config-dump",
+        grpc(&[sotw("istio.io/debug/config_dump", &[proxy], "")]),
+    );
+    seeds.add(
+        t,
+        "debug-endpoints",
+        grpc(&[sotw(
+            "istio.io/debug",
+            &[
+                "syncz",
+                "adsz",
+                "connections",
+                &format!("config_dump?proxyID={proxy}"),
+            ],
+            "",
+        )]),
+    );
+    seeds.add(
+        t,
+        "debug-not-found",
+        grpc(&[sotw("istio.io/debug", &["nothing"], "")]),
+    );
     seeds.add(t, "not-debug", grpc(&[sotw(ADDRESS, &[], "")]));
 }
 
@@ -303,18 +378,41 @@ fn csr(key: &KeyPair, cn: Option<&str>, uri: Option<&str>) -> (String, Vec<u8>) 
 fn csrs(seeds: &mut Seeds) {
     let id = format!("spiffe://{TRUST_DOMAIN}/ns/{}/sa/{}", POD.0, POD.2);
     let cases = [
-        ("p256-ztunnel", KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256), None, Some(id.as_str())),
-        ("p384-cn", KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384), Some("productpage"), None),
-        ("ed25519", KeyPair::generate_for(&rcgen::PKCS_ED25519), None, Some("spiffe://other.domain/ns/x/sa/y")),
+        (
+            "p256-ztunnel",
+            KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256),
+            None,
+            Some(id.as_str()),
+        ),
+        (
+            "p384-cn",
+            KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384),
+            Some("productpage"),
+            None,
+        ),
+        (
+            "ed25519",
+            KeyPair::generate_for(&rcgen::PKCS_ED25519),
+            None,
+            Some("spiffe://other.domain/ns/x/sa/y"),
+        ),
     ];
     for (name, key, cn, uri) in cases {
         let (pem, der) = csr(&key.unwrap(), cn, uri);
         seeds.add("csr_pem", name, pem.clone());
         seeds.add("csr_der", name, der.clone());
         if name == "p256-ztunnel" {
-            seeds.add("csr_pem", "new-certificate-request", pem.replace("CERTIFICATE REQUEST", "NEW CERTIFICATE REQUEST"));
+            seeds.add(
+                "csr_pem",
+                "new-certificate-request",
+                pem.replace("CERTIFICATE REQUEST", "NEW CERTIFICATE REQUEST"),
+            );
             seeds.add("csr_pem", "leading-space", format!("\n  {pem}"));
-            seeds.add("csr_pem", "wrong-tag", pem.replace("CERTIFICATE REQUEST", "CERTIFICATE"));
+            seeds.add(
+                "csr_pem",
+                "wrong-tag",
+                pem.replace("CERTIFICATE REQUEST", "CERTIFICATE"),
+            );
             // A flipped byte in the signature: parses, does not verify.
             let mut bad = der.clone();
             let last = bad.len() - 1;
@@ -347,11 +445,32 @@ fn tokens(seeds: &mut Seeds, fixtures: &Path) {
         node: None,
     };
     let mint = |claims: &Claims| format!("Bearer {}", local.mint(claims).unwrap());
-    seeds.add(t, "local-ztunnel", mint(&local_claims(&ztunnel, &aud, now, ttl)));
+    seeds.add(
+        t,
+        "local-ztunnel",
+        mint(&local_claims(&ztunnel, &aud, now, ttl)),
+    );
     seeds.add(t, "local-pod", mint(&local_claims(&pod, &aud, now, ttl)));
-    seeds.add(t, "expired", mint(&local_claims(&ztunnel, &aud, 1_600_000_000, Duration::from_secs(3600))));
-    seeds.add(t, "other-audience", mint(&local_claims(&ztunnel, &["x".into()], now, ttl)));
-    seeds.add(t, "lowercase-bearer", mint(&local_claims(&ztunnel, &aud, now, ttl)).replacen("Bearer", "bearer", 1));
+    seeds.add(
+        t,
+        "expired",
+        mint(&local_claims(
+            &ztunnel,
+            &aud,
+            1_600_000_000,
+            Duration::from_secs(3600),
+        )),
+    );
+    seeds.add(
+        t,
+        "other-audience",
+        mint(&local_claims(&ztunnel, &["x".into()], now, ttl)),
+    );
+    seeds.add(
+        t,
+        "lowercase-bearer",
+        mint(&local_claims(&ztunnel, &aud, now, ttl)).replacen("Bearer", "bearer", 1),
+    );
     // A cluster's projected token, from the JWKS issuer.
     let key = std::fs::read_to_string(fixtures.join("jwks-key.pem")).unwrap();
     let key = KeyPair::from_pem(&key).unwrap();
@@ -407,7 +526,9 @@ fn framed(certs: &[&[u8]]) -> Vec<u8> {
 fn chains(seeds: &mut Seeds, fixtures: &Path) {
     let t = "peer_certificate";
     let now = time::OffsetDateTime::now_utc();
-    let loaded = ambientd::ca::roots::load_or_create_self_signed(&fixtures.join("ca"), TRUST_DOMAIN, now).unwrap();
+    let loaded =
+        ambientd::ca::roots::load_or_create_self_signed(&fixtures.join("ca"), TRUST_DOMAIN, now)
+            .unwrap();
     let root = loaded.signer.roots()[0].to_vec();
     // Valid for as long as the test root.
     let ttl = Duration::from_secs(20 * 365 * 24 * 3600);
@@ -416,13 +537,24 @@ fn chains(seeds: &mut Seeds, fixtures: &Path) {
         loaded.signer.sign_server(&key, sans, ttl, now).unwrap()[0].to_vec()
     };
     let uri = |s: &str| SanType::URI(s.try_into().unwrap());
-    let ztunnel = sign(vec![uri(&format!("spiffe://{TRUST_DOMAIN}/ns/{}/sa/{}", ZTUNNEL.0, ZTUNNEL.1))]);
+    let ztunnel = sign(vec![uri(&format!(
+        "spiffe://{TRUST_DOMAIN}/ns/{}/sa/{}",
+        ZTUNNEL.0, ZTUNNEL.1
+    ))]);
     seeds.add(t, "ztunnel-with-root", framed(&[&ztunnel, &root]));
     seeds.add(t, "ztunnel-alone", framed(&[&ztunnel]));
     seeds.add(t, "ztunnel-raw-der", ztunnel.clone());
-    let dns = sign(vec![SanType::DnsName("istiod.istio-system.svc".try_into().unwrap())]);
+    let dns = sign(vec![SanType::DnsName(
+        "istiod.istio-system.svc".try_into().unwrap(),
+    )]);
     seeds.add(t, "no-spiffe-san", framed(&[&dns, &root]));
-    let two = sign(vec![uri("https://example.com/x"), uri(&format!("spiffe://{TRUST_DOMAIN}/ns/{}/sa/{}", POD.0, POD.2))]);
+    let two = sign(vec![
+        uri("https://example.com/x"),
+        uri(&format!(
+            "spiffe://{TRUST_DOMAIN}/ns/{}/sa/{}",
+            POD.0, POD.2
+        )),
+    ]);
     seeds.add(t, "second-uri-is-spiffe", framed(&[&two]));
     // A self-signed certificate: not under the roots.
     let key = KeyPair::generate().unwrap();
@@ -448,7 +580,11 @@ fn objects(seeds: &mut Seeds, repo: &Path) {
         for file in files {
             let text = std::fs::read_to_string(&file).unwrap();
             let stem = file.file_stem().unwrap().to_string_lossy().to_string();
-            for (i, doc) in ambientd::kube::objects::parse_yaml(&text).unwrap().into_iter().enumerate() {
+            for (i, doc) in ambientd::kube::objects::parse_yaml(&text)
+                .unwrap()
+                .into_iter()
+                .enumerate()
+            {
                 documents.push((format!("{stem}-{i}"), doc));
             }
             // The file as it is, several documents in one.
@@ -460,10 +596,15 @@ fn objects(seeds: &mut Seeds, repo: &Path) {
     for fixture in ["conformance.yaml", "derived.yaml"] {
         let text = std::fs::read_to_string(repo.join("tests/fixtures").join(fixture)).unwrap();
         let cases = ambientd::kube::objects::parse_yaml(&text).unwrap();
-        for case in cases.iter().flat_map(|c| c.as_array().cloned().unwrap_or_default()) {
+        for case in cases
+            .iter()
+            .flat_map(|c| c.as_array().cloned().unwrap_or_default())
+        {
             let name = case["name"].as_str().unwrap_or("case").to_string();
             let steps = case["steps"].as_array().cloned().unwrap_or_default();
-            let applied = steps.iter().flat_map(|s| s["apply"].as_array().cloned().unwrap_or_default());
+            let applied = steps
+                .iter()
+                .flat_map(|s| s["apply"].as_array().cloned().unwrap_or_default());
             let inputs = case["input"].as_array().cloned().unwrap_or_default();
             for (i, object) in inputs.into_iter().chain(applied).enumerate() {
                 documents.push((format!("{name}-{i}"), object));
@@ -485,8 +626,16 @@ fn objects(seeds: &mut Seeds, repo: &Path) {
         if *count > 12 {
             continue;
         }
-        seeds.add("manifest_yaml", name.clone(), serde_saphyr::to_string(&doc).unwrap());
-        seeds.add("manifest_json", name.clone(), serde_json::to_string_pretty(&doc).unwrap());
+        seeds.add(
+            "manifest_yaml",
+            name.clone(),
+            serde_saphyr::to_string(&doc).unwrap(),
+        );
+        seeds.add(
+            "manifest_json",
+            name.clone(),
+            serde_json::to_string_pretty(&doc).unwrap(),
+        );
         let api_version = doc["apiVersion"].as_str().unwrap_or("");
         if let Some(i) = kinds.iter().position(|k| {
             k.resource.kind == kind && api_version.starts_with(k.resource.group.as_str())
@@ -505,8 +654,12 @@ fn objects(seeds: &mut Seeds, repo: &Path) {
         ]})).unwrap());
     // managedFields, which the watcher skips.
     let mut with_managed = vec![8u8];
-    with_managed.extend_from_slice(json!({"metadata": {"name": "p", "namespace": "demo",
+    with_managed.extend_from_slice(
+        json!({"metadata": {"name": "p", "namespace": "demo",
         "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]},
-        "spec": {"nodeName": "n1"}, "status": {"podIP": "10.0.0.1", "phase": "Running"}}).to_string().as_bytes());
+        "spec": {"nodeName": "n1"}, "status": {"podIP": "10.0.0.1", "phase": "Running"}})
+        .to_string()
+        .as_bytes(),
+    );
     seeds.add("kube_object", "pod-managed-fields", with_managed);
 }
