@@ -15,6 +15,7 @@ use rcgen::SanType;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::ClientCertVerifier;
 use rustls::{CipherSuite, RootCertStore, ServerConfig};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -53,16 +54,7 @@ pub fn server_config(
     roots: &[CertificateDer<'static>],
 ) -> Result<Arc<ServerConfig>, String> {
     let provider = provider();
-    let mut store = RootCertStore::empty();
-    for root in roots {
-        store
-            .add(root.clone())
-            .map_err(|e| format!("root certificate not usable as a trust anchor: {e}"))?;
-    }
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider.clone())
-        .allow_unauthenticated()
-        .build()
-        .map_err(|e| format!("client verifier: {e}"))?;
+    let verifier = client_verifier(roots, provider.clone())?;
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(|e| format!("TLS versions: {e}"))?
@@ -71,6 +63,25 @@ pub fn server_config(
         .map_err(|e| format!("serving certificate: {e}"))?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
+}
+
+/// How 15012 verifies a client certificate chain: against `roots`, optional (a caller may
+/// offer none and authenticate with a token instead). Also the entry point of the
+/// `peer_certificate` fuzz target (docs/fuzzing.md).
+pub fn client_verifier(
+    roots: &[CertificateDer<'static>],
+    provider: Arc<CryptoProvider>,
+) -> Result<Arc<dyn ClientCertVerifier>, String> {
+    let mut store = RootCertStore::empty();
+    for root in roots {
+        store
+            .add(root.clone())
+            .map_err(|e| format!("root certificate not usable as a trust anchor: {e}"))?;
+    }
+    WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider)
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| format!("client verifier: {e}"))
 }
 
 /// The serving certificate's SANs, as DNS names: istiod's `istiod.<ns>.svc`,

@@ -196,7 +196,14 @@ pub fn read_file(path: &Path) -> Result<Vec<Object>, ManifestError> {
         path: path.to_path_buf(),
         message: e.to_string(),
     })?;
-    let documents = parse_documents(path, &text)?;
+    decode_text(path, &text)
+}
+
+/// [`read_file`] on text already read: `path` names the file in messages, and its extension
+/// says JSON (`.json`) or YAML (anything else). Also the entry point of the `manifest_yaml` and
+/// `manifest_json` fuzz targets (docs/fuzzing.md).
+pub fn decode_text(path: &Path, text: &str) -> Result<Vec<Object>, ManifestError> {
+    let documents = parse_documents(path, text)?;
     let mut objects = Vec::new();
     for document in documents {
         for decoded in decode(document) {

@@ -1,0 +1,3 @@
+#![no_main]
+//! docs/fuzzing.md; the harness: `ambientd_fuzz::ca::csr_pem`.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ambientd_fuzz::ca::csr_pem(data));
