@@ -20,7 +20,12 @@
 //!   [`ClusterConfig::retry`] says otherwise), resumes from its last resourceVersion, and
 //!   re-lists after a 410. Nothing is sent meanwhile, so the index keeps serving its last
 //!   snapshot; each kind logs once when it starts failing and once when it recovers, and
-//!   [`ClusterHealth`] counts it.
+//!   [`ClusterHealth`] records it (since when, the last error, why: [`ErrorReason`]), which
+//!   the metrics and `/debug/syncz` show.
+//! - **Hangs:** each watch asks the API server to end it after
+//!   [`ClusterConfig::watch_timeout`]; the client gives up on any response (a list, a watch)
+//!   that goes that long plus [`READ_GRACE`] without a byte, which counts as an error and is
+//!   retried like one.
 //! - **Discovery selectors:** objects of namespaced kinds outside the selected namespaces are
 //!   dropped on arrival. When the set of selected namespaces changes, the namespaced watchers
 //!   re-list, and their `Reset`s bring the index to the new selection.
@@ -28,13 +33,14 @@
 //! The `istio.io/rev` revision filter is the index's (see `Settings::revision`), not ours.
 
 pub mod kinds;
+mod observe;
 pub mod selector;
 mod watch;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::utils::Backoff;
@@ -50,6 +56,11 @@ pub use selector::{DiscoverySelectors, LabelSelector, MeshSettings};
 
 /// Events from watchers queued before they wait for the coordinator.
 const WATCH_BUFFER: usize = 1024;
+
+/// How much longer than the watch timeout a response may go without a byte before the client
+/// gives it up. Shorter than kube-runtime's own idle margin (5 s), so a silent watch surfaces
+/// as an error (counted, shown) rather than a quiet reconnect.
+pub const READ_GRACE: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -205,7 +216,14 @@ pub struct ClusterConfig {
     pub context: Option<String>,
     pub discovery_selectors: DiscoverySelectors,
     pub retry: Retry,
+    /// The `timeoutSeconds` of each watch (whole seconds, at least 1): the API server ends a
+    /// watch after this long and the watcher resumes it. Plus [`READ_GRACE`], it is also how
+    /// long any request of this client may go without receiving a byte (a hung list or watch).
+    pub watch_timeout: Duration,
 }
+
+/// kube-runtime's default watch timeout.
+pub const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(290);
 
 impl Default for ClusterConfig {
     fn default() -> Self {
@@ -214,6 +232,7 @@ impl Default for ClusterConfig {
             context: None,
             discovery_selectors: DiscoverySelectors::default(),
             retry: Retry::KubeDefault,
+            watch_timeout: DEFAULT_WATCH_TIMEOUT,
         }
     }
 }
@@ -221,6 +240,15 @@ impl Default for ClusterConfig {
 impl ClusterConfig {
     /// The Kubernetes client this config names.
     pub async fn client(&self) -> Result<kube::Client, ClusterError> {
+        self.client_observing(&observe::WatchBreaks::default())
+            .await
+    }
+
+    /// The client, with its watch responses observed for breaks kube does not report.
+    async fn client_observing(
+        &self,
+        breaks: &observe::WatchBreaks,
+    ) -> Result<kube::Client, ClusterError> {
         let options = KubeConfigOptions {
             context: self.context.clone(),
             ..KubeConfigOptions::default()
@@ -244,7 +272,23 @@ impl ClusterConfig {
                 .map_err(ClusterError::KubeconfigContext)?,
             (None, None) => kube::Config::infer().await.map_err(ClusterError::Infer)?,
         };
-        kube::Client::try_from(config).map_err(ClusterError::Client)
+        let mut config = config;
+        config.read_timeout = Some(self.watch_seconds_duration() + READ_GRACE);
+        // The timeout counts from each request, not from when its pooled connection went idle.
+        config.reset_reader_on_write = true;
+        Ok(kube::client::ClientBuilder::try_from(config)
+            .map_err(ClusterError::Client)?
+            .with_layer(breaks)
+            .build())
+    }
+
+    /// The watch timeout in whole seconds (at least 1), as sent.
+    pub(crate) fn watch_seconds(&self) -> u32 {
+        self.watch_timeout.as_secs().clamp(1, u64::from(u32::MAX)) as u32
+    }
+
+    fn watch_seconds_duration(&self) -> Duration {
+        Duration::from_secs(u64::from(self.watch_seconds()))
     }
 }
 
@@ -262,13 +306,65 @@ pub struct KindHealth {
     /// Completed lists (the first, and every re-list).
     pub lists: u64,
     pub last_error: Option<String>,
+    /// What kind of error the last one was.
+    pub last_reason: Option<ErrorReason>,
+    /// When the current failure began (`None` while healthy).
+    pub failing_since: Option<SystemTime>,
+    /// When the watch last delivered something (a list, a change).
+    pub last_progress: Option<SystemTime>,
 }
 
-/// Watch health per kind, for logs, metrics and tests.
+/// Why a watch failed, as a short label for metrics (`ambientd_source_errors{reason}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ErrorReason {
+    /// The API server answered an error status (5xx, 429, 403...): `status_<code>` is in the
+    /// message; the label groups them.
+    ServerError,
+    /// Throttled (429) or unavailable (503) even after the client's own retries.
+    Throttled,
+    /// Refused by RBAC (401, 403).
+    Forbidden,
+    /// No byte for longer than the watch timeout: a hung list or watch.
+    Timeout,
+    /// The connection failed, was reset, or ended in the middle of a response.
+    Connection,
+    /// The answer did not decode (a truncated or malformed event).
+    Decode,
+    /// A 410 Gone: not a failure, but a forced re-list.
+    Gone,
+}
+
+impl ErrorReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorReason::ServerError => "server_error",
+            ErrorReason::Throttled => "throttled",
+            ErrorReason::Forbidden => "forbidden",
+            ErrorReason::Timeout => "timeout",
+            ErrorReason::Connection => "connection",
+            ErrorReason::Decode => "decode",
+            ErrorReason::Gone => "gone",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Callbacks for metrics: an error (or forced re-list) of a kind, and a kind's failing state.
+struct Hooks {
+    error: Box<dyn Fn(Kind, ErrorReason) + Send + Sync>,
+    failing: Box<dyn Fn(Kind, bool) + Send + Sync>,
+}
+
+/// Watch health per kind, for logs, metrics, `/debug/syncz` and tests.
 #[derive(Default)]
 pub struct ClusterHealth {
     kinds: Mutex<BTreeMap<Kind, KindHealth>>,
-    on_error: OnceLock<Box<dyn Fn(Kind) + Send + Sync>>,
+    hooks: OnceLock<Hooks>,
 }
 
 impl std::fmt::Debug for ClusterHealth {
@@ -294,9 +390,17 @@ impl ClusterHealth {
         self.lock().values().any(|k| k.failing)
     }
 
-    /// Calls `hook` on every watch error or forced re-list (a metrics counter, say). Set once.
-    pub fn on_error(&self, hook: impl Fn(Kind) + Send + Sync + 'static) {
-        let _ = self.on_error.set(Box::new(hook));
+    /// Calls `error` on every watch error or forced re-list (a metrics counter, say), and
+    /// `failing` whenever a kind starts or stops failing. Set once.
+    pub fn observe(
+        &self,
+        error: impl Fn(Kind, ErrorReason) + Send + Sync + 'static,
+        failing: impl Fn(Kind, bool) + Send + Sync + 'static,
+    ) {
+        let _ = self.hooks.set(Hooks {
+            error: Box::new(error),
+            failing: Box::new(failing),
+        });
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Kind, KindHealth>> {
@@ -309,20 +413,90 @@ impl ClusterHealth {
 
     /// A 410 Gone: not a failure, but a re-list (counted for the metrics hook).
     fn relisting(&self, kind: Kind) {
-        if let Some(hook) = self.on_error.get() {
-            hook(kind);
+        if let Some(hooks) = self.hooks.get() {
+            (hooks.error)(kind, ErrorReason::Gone);
         }
     }
 
-    fn error(&self, kind: Kind, error: String) {
+    fn error(&self, kind: Kind, reason: ErrorReason, error: String) {
+        let mut started = false;
         self.update(kind, |h| {
             h.errors += 1;
+            started = !h.failing;
             h.failing = true;
+            if started {
+                h.failing_since = Some(SystemTime::now());
+            }
             h.last_error = Some(error);
+            h.last_reason = Some(reason);
         });
-        if let Some(hook) = self.on_error.get() {
-            hook(kind);
+        if let Some(hooks) = self.hooks.get() {
+            (hooks.error)(kind, reason);
+            if started {
+                (hooks.failing)(kind, true);
+            }
         }
+    }
+
+    /// The watch delivered something or settled after a retry: no longer failing. True if it
+    /// was.
+    fn recovered(&self, kind: Kind, progress: bool) -> bool {
+        let mut was_failing = false;
+        self.update(kind, |h| {
+            was_failing = h.failing;
+            h.failing = false;
+            h.failing_since = None;
+            if progress {
+                h.last_progress = Some(SystemTime::now());
+            }
+        });
+        if was_failing && let Some(hooks) = self.hooks.get() {
+            (hooks.failing)(kind, false);
+        }
+        was_failing
+    }
+}
+
+/// What kind of failure `error` is, for [`ErrorReason`].
+pub(crate) fn classify(error: &kube::runtime::watcher::Error) -> ErrorReason {
+    use kube::runtime::watcher::Error as W;
+    let client = match error {
+        W::InitialListFailed(e) | W::WatchStartFailed(e) | W::WatchFailed(e) => e,
+        W::WatchError(status) => return by_code(status.code),
+        W::NoResourceVersion => return ErrorReason::Decode,
+    };
+    match client {
+        kube::Error::Api(status) => by_code(status.code),
+        kube::Error::SerdeError(_) => ErrorReason::Decode,
+        other => {
+            // hyper-timeout's read timeout arrives wrapped (hyper, kube's I/O adapters): walk
+            // the sources, and into I/O errors, for a timeout.
+            let mut stack: Vec<&(dyn std::error::Error + 'static)> = vec![other];
+            while let Some(e) = stack.pop() {
+                if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                    if io.kind() == std::io::ErrorKind::TimedOut {
+                        return ErrorReason::Timeout;
+                    }
+                    if let Some(inner) = io.get_ref() {
+                        stack.push(inner);
+                    }
+                }
+                if e.to_string().contains("timed out") {
+                    return ErrorReason::Timeout;
+                }
+                stack.extend(e.source());
+            }
+            ErrorReason::Connection
+        }
+    }
+}
+
+fn by_code(code: u16) -> ErrorReason {
+    match code {
+        401 | 403 => ErrorReason::Forbidden,
+        410 => ErrorReason::Gone,
+        429 | 503 => ErrorReason::Throttled,
+        _ => ErrorReason::ServerError,
     }
 }
 
@@ -342,6 +516,8 @@ pub struct ClusterSource {
     config: ClusterConfig,
     kinds: Vec<WatchedKind>,
     health: Arc<ClusterHealth>,
+    /// Watch responses that break off, as the client observes them.
+    breaks: observe::WatchBreaks,
 }
 
 impl std::fmt::Debug for ClusterSource {
@@ -355,17 +531,24 @@ impl std::fmt::Debug for ClusterSource {
 impl ClusterSource {
     /// Builds the client from `config` (kubeconfig or in-cluster). Nothing is contacted yet.
     pub async fn connect(config: ClusterConfig) -> Result<Self, ClusterError> {
-        let client = config.client().await?;
-        Ok(Self::new(client, config))
+        let breaks = observe::WatchBreaks::default();
+        let client = config.client_observing(&breaks).await?;
+        Ok(ClusterSource {
+            breaks,
+            ..Self::new(client, config)
+        })
     }
 
-    /// A source over an existing client (tests, embedders).
+    /// A source over an existing client (tests, embedders). Watches that break off in a way
+    /// kube's client does not report (a timeout or EOF mid-stream) are resumed but not
+    /// counted: only [`ClusterSource::connect`]'s client observes them.
     pub fn new(client: kube::Client, config: ClusterConfig) -> Self {
         ClusterSource {
             client,
             config,
             kinds: watched_kinds(),
             health: Arc::new(ClusterHealth::default()),
+            breaks: observe::WatchBreaks::default(),
         }
     }
 
@@ -385,6 +568,7 @@ impl ClusterSource {
             config,
             kinds,
             health,
+            breaks,
         } = self;
         info!(
             discovery_selectors = %config.discovery_selectors,
@@ -401,11 +585,14 @@ impl ClusterSource {
             expected.push(watched.kind);
             let kind = watched.kind;
             let is_namespace = kind == Kind::Namespace;
+            let broken = breaks.register(&watched.resource);
             let task = watch::KindWatch {
+                broken,
                 watched,
                 client: client.clone(),
                 out: watch_tx.clone(),
                 retry: config.retry,
+                watch_timeout: config.watch_seconds(),
                 health: health.clone(),
                 shutdown: shutdown.clone(),
                 filter: (filtering && !is_namespace && kind.namespaced())
