@@ -7,10 +7,10 @@
 //!   fairness shedding load (`TooManyRequests`, with `Retry-After: 1`), a 503 an apiserver
 //!   behind a load balancer that is restarting (`ServiceUnavailable`, `Retry-After: 1`). Unlike
 //!   [`FakeApiServer::fail_requests`] this tells a list from a watch (both are `GET`).
-//! - **Hanging calls** ([`FakeApiServer::hang`]): a matching list is accepted and never
-//!   answered, a matching watch answers its headers and then never sends a byte (a
-//!   half-dead connection, an apiserver stuck on etcd) until the hang is lifted; only the
-//!   client's own timeouts get it out.
+//! - **Hanging calls** ([`FakeApiServer::hang`]): a matching list is accepted and not
+//!   answered, a matching watch answers its headers and then sends nothing (a half-dead
+//!   connection, an apiserver stuck on etcd), until the hang is lifted; only the client's own
+//!   timeouts get it out.
 //! - **A watch cut mid-event** ([`FakeApiServer::cut_next_watch_event`]): the next event a
 //!   watch of the resource would send goes out half written (the connection dies in the
 //!   middle of a JSON line), then the connection is reset.
@@ -72,11 +72,13 @@ impl FakeState {
 
     /// True once for the next watch event of `plural` after [`FakeApiServer::cut_next_watch_event`].
     pub(super) fn take_cut(&mut self, plural: &str) -> bool {
-        let before = self.faults.cut.len();
-        if let Some(i) = self.faults.cut.iter().position(|p| p == plural) {
-            self.faults.cut.remove(i);
+        match self.faults.cut.iter().position(|p| p == plural) {
+            Some(i) => {
+                self.faults.cut.remove(i);
+                true
+            }
+            None => false,
         }
-        self.faults.cut.len() != before
     }
 
     pub(super) fn token_review_delay(&self) -> Duration {
@@ -131,7 +133,7 @@ impl FakeApiServer {
 
     /// While `on`, `verb` calls (`list` or `watch`) on `plural` hang: a list is never
     /// answered, a watch sends its headers and then nothing. Lifting the hang lets a parked
-    /// list answer (late) and ends a parked watch's response cleanly.
+    /// list answer (late, if its client still waits) and resets a parked watch's connection.
     pub fn hang(&self, verb: &str, plural: &str, on: bool) {
         let calls = Calls {
             verb: verb.into(),
@@ -169,7 +171,8 @@ impl FakeApiServer {
     }
 }
 
-/// A 200 watch response that sends nothing until the hang on `request` is lifted, then ends.
+/// A 200 watch response that sends nothing until the hang on `request` is lifted, then
+/// resets the connection.
 pub(super) fn silent_watch(shared: Arc<Shared>, request: Request) -> Response {
     let body = futures::stream::once(async move {
         shared.hang_while_faulty(&request).await;
