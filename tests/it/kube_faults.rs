@@ -6,8 +6,8 @@
 //! state: adds, updates and deletes made meanwhile all arrive, nothing the client ACKed is
 //! removed that was not deleted, and the indicators clear.
 //!
-//! Each test prints `converged after <fault> in <ms> ms` (run with `--nocapture`); BENCHMARKS.md
-//! ("Faults") reports the medians.
+//! Each test prints `converged after <fault> in <ms> ms`, and the watch tests `noticed <fault>
+//! in <ms> ms` (run with `--nocapture`); BENCHMARKS.md ("Faults") reports the medians.
 //!
 //! - `watch`: 500s on watch and on list, a hung list, a hung watch, a watch cut mid-event,
 //!   429s with Retry-After.
@@ -142,8 +142,9 @@ impl Faulty {
         entries[0]["source"].clone()
     }
 
-    /// Waits until `/metrics` and `/debug/syncz` say the Pod watch is failing with `reason`.
-    pub async fn until_degraded(&self, reason: &str) {
+    /// Waits until `/metrics` and `/debug/syncz` say the Pod watch is failing with `reason`;
+    /// prints how long after `since` (when `fault` began) that was.
+    pub async fn until_degraded(&self, reason: &str, fault: &str, since: Instant) {
         let deadline = Instant::now() + WAIT;
         loop {
             let failing = self.sample("ambientd_source_failing{kind=\"Pod\"}").await;
@@ -169,6 +170,7 @@ impl Faulty {
                     pod["lastError"].as_str().is_some_and(|e| !e.is_empty()),
                     "the last error: {pod}"
                 );
+                println!("noticed {fault} in {} ms", since.elapsed().as_millis());
                 return;
             }
             assert!(

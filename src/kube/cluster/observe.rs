@@ -1,10 +1,10 @@
-//! What kube's client hides from the watcher. A watch response that breaks off (the
-//! connection ends in the middle of the stream, or no byte arrives within the read timeout)
-//! is, to kube-client, a quiet end of the watch: it logs `eof in poll` or `timeout in poll`
-//! and the watcher resumes from its last resourceVersion, so nothing is lost, but neither the
-//! watcher nor we would see an error. This layer, under the client, observes each watch
-//! response's body and reports such a break to its kind's watch loop, which counts and shows
-//! it like any other watch error.
+//! What kube's client hides from the watcher. A watch response that breaks off in the middle
+//! (the connection closed or reset mid-stream, even mid-line) is, to kube-client, a quiet end
+//! of the watch: it logs `eof in poll` and the watcher resumes from its last resourceVersion,
+//! so nothing is lost, but neither the watcher nor we would see an error (other body errors,
+//! a read timeout included, kube reports itself). This layer, under the client, observes each
+//! watch response's body and reports such a break to its kind's watch loop, which counts and
+//! shows it like any other watch error.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -155,33 +155,28 @@ impl Body for ObservedBody {
     }
 }
 
-/// Whether kube's client ends a watch quietly on `error` (an I/O timeout or an unexpected
-/// EOF anywhere in its chain), and as what. Other errors it reports itself.
+/// Whether kube's client ends a watch quietly on `error`: as it decides (kube-client's
+/// `request_events`), an I/O error of kind `UnexpectedEof` anywhere in the chain, or a chunk
+/// decoder's "unexpected EOF during chunk". Every other error it reports itself.
 fn swallowed(error: &(dyn std::error::Error + 'static)) -> Option<ErrorReason> {
+    if error.to_string().contains("unexpected EOF during chunk") {
+        return Some(ErrorReason::Connection);
+    }
     let mut stack: Vec<&(dyn std::error::Error + 'static)> = vec![error];
-    let mut eof = false;
-    while let Some(e) = stack.pop() {
+    // Bounded, in case a `source` chain cycles.
+    for _ in 0..32 {
+        let Some(e) = stack.pop() else { break };
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            match io.kind() {
-                std::io::ErrorKind::TimedOut => return Some(ErrorReason::Timeout),
-                std::io::ErrorKind::UnexpectedEof => eof = true,
-                _ => {}
+            if io.kind() == std::io::ErrorKind::UnexpectedEof {
+                return Some(ErrorReason::Connection);
             }
             if let Some(inner) = io.get_ref() {
                 stack.push(inner);
             }
         }
-        if let Some(hyper) = e.downcast_ref::<hyper::Error>() {
-            if hyper.is_timeout() {
-                return Some(ErrorReason::Timeout);
-            }
-            if hyper.is_incomplete_message() {
-                eof = true;
-            }
-        }
         stack.extend(e.source());
     }
-    eof.then_some(ErrorReason::Connection)
+    None
 }
 
 #[cfg(test)]
@@ -189,14 +184,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn timeouts_and_eofs_are_what_kube_swallows() {
-        let timeout = std::io::Error::new(std::io::ErrorKind::TimedOut, "read timed out");
-        let wrapped = std::io::Error::other(timeout);
-        assert_eq!(swallowed(&wrapped), Some(ErrorReason::Timeout));
+    fn an_eof_mid_stream_is_what_kube_swallows() {
         let eof = std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "mid-chunk");
-        assert_eq!(swallowed(&eof), Some(ErrorReason::Connection));
+        assert_eq!(
+            swallowed(&std::io::Error::other(eof)),
+            Some(ErrorReason::Connection)
+        );
+        let chunk = std::io::Error::other("unexpected EOF during chunk size line");
+        assert_eq!(swallowed(&chunk), Some(ErrorReason::Connection));
+        // kube reports these itself: counting them here would count them twice.
+        let timeout = std::io::Error::new(std::io::ErrorKind::TimedOut, "read timed out");
+        assert_eq!(swallowed(&std::io::Error::other(timeout)), None);
         let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
-        assert_eq!(swallowed(&reset), None, "kube reports this one itself");
+        assert_eq!(swallowed(&reset), None);
     }
 
     #[test]

@@ -107,9 +107,10 @@ async fn a_slow_token_review_is_unavailable_not_a_rejection_and_holds_up_nobody_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_token_review_is_unavailable_counted_and_not_cached() {
+async fn a_failing_token_review_is_unavailable_counted_and_not_cached_for_csrs_and_streams() {
     let (f, ca_dir) = start().await;
     let channel = channel(&f, &ca_dir).await;
+    let channel_for_ads = channel.clone();
     f.server.fail_requests("POST", "tokenreviews", 1, 500);
 
     let status = csr(channel.clone(), "web-token")
@@ -150,5 +151,16 @@ async fn a_failing_token_review_is_unavailable_counted_and_not_cached() {
         2,
         "the 500 never reached the handler"
     );
+
+    // The delta ADS guard on 15012 answers the same way (a token not reviewed yet: the
+    // accepted one is cached).
+    f.server.add_token("web-token-2", web_review());
+    f.server.fail_requests("POST", "tokenreviews", 1, 500);
+    let refused =
+        crate::support::ca_cluster::open_ads(channel_for_ads, Some("web-token-2"), "demo")
+            .await
+            .expect_err("the stream is refused while the review fails");
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert!(refused.message().contains("TokenReview"), "{refused:?}");
     f.running.stop().await;
 }

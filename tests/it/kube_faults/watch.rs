@@ -28,9 +28,10 @@ async fn watch_500s_keep_the_last_snapshot_and_the_resumed_watch_brings_every_ch
     let before = f.proxy.versions.clone();
 
     f.server.fail_calls("watch", "pods", usize::MAX, 500);
+    let began = Instant::now();
     f.server.drop_watches();
     f.change_pods();
-    f.until_degraded("server_error").await;
+    f.until_degraded("server_error", "watch 500s", began).await;
     let (count, window) = (watches_of(&f.server, "pods"), Duration::from_millis(2000));
     tokio::time::sleep(window).await;
     let retries = watches_of(&f.server, "pods") - count;
@@ -61,8 +62,10 @@ async fn list_500s_after_a_410_keep_the_last_snapshot_and_the_relist_drops_what_
     f.change_pods();
     f.server.compact();
     f.server.fail_calls("list", "pods", usize::MAX, 500);
+    let began = Instant::now();
     f.server.restore().await;
-    f.until_degraded("server_error").await;
+    f.until_degraded("server_error", "list 500s after a 410", began)
+        .await;
     let (count, window) = (f.server.lists_of("pods"), Duration::from_millis(2000));
     tokio::time::sleep(window).await;
     let retries = f.server.lists_of("pods") - count;
@@ -92,10 +95,11 @@ async fn a_hung_list_is_timed_out_and_retried_and_the_relist_converges() {
     f.change_pods();
     f.server.compact();
     f.server.hang("list", "pods", true);
+    let began = Instant::now();
     f.server.restore().await;
     // The list is accepted and never answered: after the watch timeout (1 s) plus the 2 s
     // grace without a byte, the client gives up, counts a timeout and lists again.
-    f.until_degraded("timeout").await;
+    f.until_degraded("timeout", "a hung list", began).await;
     f.assert_last_snapshot_served(&before).await;
 
     f.server.hang("list", "pods", false);
@@ -112,9 +116,10 @@ async fn a_hung_watch_is_timed_out_and_resumed_with_every_change() {
 
     // Watches answer their headers, then nothing: a half-dead connection.
     f.server.hang("watch", "pods", true);
+    let began = Instant::now();
     f.server.drop_watches();
     f.change_pods();
-    f.until_degraded("timeout").await;
+    f.until_degraded("timeout", "a hung watch", began).await;
     f.assert_last_snapshot_served(&before).await;
 
     f.server.hang("watch", "pods", false);
