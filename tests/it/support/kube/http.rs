@@ -518,6 +518,10 @@ fn watch(
             } else {
                 event_line(&resource, kind, &item)
             };
+            // A replayed event may be the one to cut (the watch it was meant for ended).
+            if kind != "ERROR" && cut(&shared, &resource, &line, &tx).await {
+                return;
+            }
             if tx.send(Ok(line)).await.is_err() {
                 return;
             }
@@ -572,16 +576,7 @@ fn watch(
                 }
                 Err(broadcast::error::RecvError::Closed) => return,
             };
-            if shared.lock().take_cut(&resource.plural) {
-                // The connection dies in the middle of the line.
-                let half = line.slice(..line.len() / 2);
-                let _ = tx.send(Ok(half)).await;
-                let _ = tx
-                    .send(Err(io::Error::new(
-                        io::ErrorKind::ConnectionReset,
-                        "cut mid-event",
-                    )))
-                    .await;
+            if cut(&shared, &resource, &line, &tx).await {
                 return;
             }
             if tx.send(Ok(line)).await.is_err() {
@@ -594,6 +589,27 @@ fn watch(
         Body::from_stream(ReceiverStream::new(rx)),
     )
         .into_response()
+}
+
+/// If a cut is armed for this resource's watches, sends half of `line` and then kills the
+/// connection (the connection dies in the middle of the line); true if it did.
+async fn cut(
+    shared: &Shared,
+    resource: &Resource,
+    line: &Bytes,
+    tx: &mpsc::Sender<Result<Bytes, io::Error>>,
+) -> bool {
+    if !shared.lock().take_cut(&resource.plural) {
+        return false;
+    }
+    let _ = tx.send(Ok(line.slice(..line.len() / 2))).await;
+    let _ = tx
+        .send(Err(io::Error::new(
+            io::ErrorKind::ConnectionReset,
+            "cut mid-event",
+        )))
+        .await;
+    true
 }
 
 fn token_review(shared: &Shared, body: &[u8]) -> Response {
