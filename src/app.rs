@@ -296,6 +296,15 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     });
 
     if let OpenedSource::Cluster(cluster) = &source {
+        // Every watched kind starts at 0, so an alert sees the series before any failure.
+        for watched in crate::kube::cluster::watched_kinds() {
+            metrics
+                .source_failing
+                .get_or_create(&crate::metrics::KindLabel {
+                    kind: watched.kind.to_string(),
+                })
+                .set(0);
+        }
         let (on_error, on_failing) = (metrics.clone(), metrics.clone());
         cluster.health().observe(
             move |kind, reason| {

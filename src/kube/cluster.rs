@@ -789,6 +789,43 @@ mod tests {
     }
 
     #[test]
+    fn watch_errors_are_classified_by_status_and_cause() {
+        use kube::runtime::watcher::Error as W;
+        let api = |code: u16| {
+            kube::Error::Api(Box::new(kube::core::Status {
+                code,
+                ..Default::default()
+            }))
+        };
+        assert_eq!(
+            classify(&W::InitialListFailed(api(500))),
+            ErrorReason::ServerError
+        );
+        assert_eq!(
+            classify(&W::WatchStartFailed(api(429))),
+            ErrorReason::Throttled
+        );
+        assert_eq!(
+            classify(&W::WatchStartFailed(api(403))),
+            ErrorReason::Forbidden
+        );
+        let timed_out = std::io::Error::other(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "deadline has elapsed",
+        ));
+        assert_eq!(
+            classify(&W::WatchFailed(kube::Error::ReadEvents(timed_out))),
+            ErrorReason::Timeout
+        );
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        assert_eq!(
+            classify(&W::WatchFailed(kube::Error::ReadEvents(reset))),
+            ErrorReason::Connection
+        );
+        assert_eq!(classify(&W::NoResourceVersion), ErrorReason::Decode);
+    }
+
+    #[test]
     fn exponential_retry_doubles_to_its_cap_and_resets() {
         let mut backoff = Retry::Exponential {
             initial: Duration::from_millis(100),
