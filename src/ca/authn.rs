@@ -129,9 +129,23 @@ impl Authenticators {
     }
 }
 
-/// A client certificate (verified by the TLS handshake against our roots) with a SPIFFE URI SAN.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ClientCertAuthenticator;
+/// A client certificate (verified by the TLS handshake against our roots) with a SPIFFE URI SAN
+/// in this mesh's trust domain. A root shared with another mesh (a plugged-in CA used by
+/// several trust domains) does not make that mesh's workloads ours: their identities are
+/// refused, so the CA never signs for another trust domain and no xDS stream is opened for one.
+#[derive(Clone, Debug)]
+pub struct ClientCertAuthenticator {
+    trust_domain: String,
+}
+
+impl ClientCertAuthenticator {
+    /// Accepts identities in `trust_domain` only.
+    pub fn new(trust_domain: &str) -> Self {
+        ClientCertAuthenticator {
+            trust_domain: trust_domain.to_string(),
+        }
+    }
+}
 
 #[tonic::async_trait]
 impl Authenticator for ClientCertAuthenticator {
@@ -144,6 +158,13 @@ impl Authenticator for ClientCertAuthenticator {
             return Ok(None);
         };
         let identity = spiffe_id_of(leaf)?;
+        if identity.trust_domain != self.trust_domain {
+            return Err(format!(
+                "client certificate identity {identity} is not in this mesh's trust domain {}",
+                self.trust_domain
+            )
+            .into());
+        }
         Ok(Some(Caller {
             identity,
             method: Method::ClientCertificate,

@@ -194,7 +194,7 @@ pub async fn start_with(
     }
     let jwt = Arc::new(jwt);
     let mut list: Vec<Arc<dyn Authenticator>> = vec![
-        Arc::new(authn::ClientCertAuthenticator),
+        Arc::new(authn::ClientCertAuthenticator::new(&settings.trust_domain)),
         jwt.clone() as Arc<dyn Authenticator>,
     ];
     list.extend(extra_authenticators);

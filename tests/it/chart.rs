@@ -161,6 +161,33 @@ fn the_service_is_istiod_with_istiods_ports() {
 }
 
 #[test]
+fn the_plaintext_port_can_be_closed() {
+    let Some(helm) = engine() else { return };
+    let open = helm.render(json!({}), NS);
+    assert_eq!(open.flag("--xds-address"), ["0.0.0.0:15010"]);
+    let rendered = helm.render(json!({"xds": {"plaintext": false}}), NS);
+    assert_eq!(rendered.flag("--xds-address"), ["127.0.0.1:15010"]);
+    let service_ports: Vec<i32> = rendered
+        .service()
+        .spec
+        .as_ref()
+        .unwrap()
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| p.port)
+        .collect();
+    assert_eq!(service_ports, vec![15012, 15014]);
+    let container_ports: Vec<i32> = container(&rendered)
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| p.container_port)
+        .collect();
+    assert_eq!(container_ports, vec![15012, 15014]);
+}
+
+#[test]
 fn probes_hit_ready_on_15014() {
     let Some(helm) = engine() else { return };
     let rendered = helm.render(json!({}), NS);

@@ -28,6 +28,7 @@ mod kube_faults;
 mod kube_leader;
 mod kube_token_review;
 mod kube_writes;
+mod listener_security;
 mod replicas;
 mod route_status;
 mod shutdown;
