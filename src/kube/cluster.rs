@@ -307,11 +307,15 @@ impl Selection {
 
 /// A connected Kubernetes source, ready to run.
 pub struct ClusterSource {
+    /// Shared with the other users of the API server (writers, the CA's TokenReview).
     client: kube::Client,
+    /// The watchers' own client, whose watch responses are observed (`breaks`): another
+    /// user's watch of the same resource must not count as the source's.
+    watch_client: kube::Client,
     config: ClusterConfig,
     kinds: Vec<WatchedKind>,
     health: Arc<ClusterHealth>,
-    /// Watch responses that break off, as the client observes them.
+    /// Watch responses that break off, as the watchers' client observes them.
     breaks: observe::WatchBreaks,
 }
 
@@ -326,19 +330,22 @@ impl std::fmt::Debug for ClusterSource {
 impl ClusterSource {
     /// Builds the client from `config` (kubeconfig or in-cluster). Nothing is contacted yet.
     pub async fn connect(config: ClusterConfig) -> Result<Self, ClusterError> {
+        let client = config.client().await?;
         let breaks = observe::WatchBreaks::default();
-        let client = config.client_observing(&breaks).await?;
+        let watch_client = config.client_observing(&breaks).await?;
         Ok(ClusterSource {
+            watch_client,
             breaks,
             ..Self::new(client, config)
         })
     }
 
     /// A source over an existing client (tests, embedders). Watches that break off in a way
-    /// kube's client does not report (a timeout or EOF mid-stream) are resumed but not
-    /// counted: only [`ClusterSource::connect`]'s client observes them.
+    /// kube's client does not report (an EOF mid-stream) are resumed but not counted: only
+    /// the watchers' client that [`ClusterSource::connect`] builds observes them.
     pub fn new(client: kube::Client, config: ClusterConfig) -> Self {
         ClusterSource {
+            watch_client: client.clone(),
             client,
             config,
             kinds: watched_kinds(),
@@ -359,11 +366,12 @@ impl ClusterSource {
     /// Runs every watcher until `shutdown` or until the event receiver goes away.
     pub async fn run(self, events: mpsc::Sender<Event>, shutdown: CancellationToken) {
         let ClusterSource {
-            client,
+            watch_client: client,
             config,
             kinds,
             health,
             breaks,
+            ..
         } = self;
         info!(
             discovery_selectors = %config.discovery_selectors,
