@@ -135,6 +135,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         settings: config.settings.clone(),
         log_filter: config.log_filter.clone(),
         authenticators: None,
+        source_health: match &source {
+            OpenedSource::Cluster(cluster) => Some(cluster.health()),
+            OpenedSource::Manifests(_) => None,
+        },
     };
     // istiod's debug over xDS, on both ADS ports (answered only to root-namespace callers
     // the TLS port authenticated).
@@ -185,7 +189,9 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             if let OpenedSource::Cluster(cluster) = &source {
                 let reviewer =
                     crate::kube::token_review::TokenReviewer::new(cluster.client().clone())
-                        .with_audiences(ca.audiences.clone());
+                        .with_audiences(ca.audiences.clone())
+                        .with_timeout(ca.token_review_timeout)
+                        .with_metrics(metrics.clone());
                 extra.push(Arc::new(crate::ca::TokenReviewAuthenticator::new(
                     Arc::new(reviewer),
                     &config.settings.trust_domain,
@@ -290,10 +296,36 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     });
 
     if let OpenedSource::Cluster(cluster) = &source {
-        let metrics = metrics.clone();
-        cluster.health().on_error(move |_| {
-            metrics.source_restarts.inc();
-        });
+        // Every watched kind starts at 0, so an alert sees the series before any failure.
+        for watched in crate::kube::cluster::watched_kinds() {
+            metrics
+                .source_failing
+                .get_or_create(&crate::metrics::KindLabel {
+                    kind: watched.kind.to_string(),
+                })
+                .set(0);
+        }
+        let (on_error, on_failing) = (metrics.clone(), metrics.clone());
+        cluster.health().observe(
+            move |kind, reason| {
+                on_error.source_restarts.inc();
+                on_error
+                    .source_errors
+                    .get_or_create(&crate::metrics::SourceErrorLabel {
+                        kind: kind.to_string(),
+                        reason: reason.to_string(),
+                    })
+                    .inc();
+            },
+            move |kind, failing| {
+                on_failing
+                    .source_failing
+                    .get_or_create(&crate::metrics::KindLabel {
+                        kind: kind.to_string(),
+                    })
+                    .set(i64::from(failing));
+            },
+        );
     }
     let source_name = match &config.source {
         Source::Manifests(dir) => format!("manifests {}", dir.display()),

@@ -57,6 +57,18 @@ pub struct ServeArgs {
     )]
     pub kube_context: Option<String>,
 
+    /// Each watch's `timeoutSeconds`: the API server ends a watch after this long and it is
+    /// resumed. A list or watch that goes this long plus 2 s without a byte counts as hung:
+    /// it fails (counted in `ambientd_source_errors{reason="timeout"}`) and is retried.
+    #[arg(
+        long,
+        env = "AMBIENTD_KUBE_WATCH_TIMEOUT",
+        default_value = "290s",
+        value_parser = short_duration,
+        conflicts_with = "manifests"
+    )]
+    pub kube_watch_timeout: Duration,
+
     /// Mesh discoverySelectors: read only namespaces whose labels match one of these
     /// selectors (kubectl syntax: `istio-discovery=enabled,env in (prod)`). Repeat the flag,
     /// or separate with `;`, for several (ORed).
@@ -518,6 +530,7 @@ fn cluster_source(
         kubeconfig: args.kubeconfig.clone(),
         context: args.kube_context.clone(),
         discovery_selectors,
+        watch_timeout: args.kube_watch_timeout,
         ..ClusterConfig::default()
     })
 }

@@ -54,6 +54,20 @@ pub struct KindLabel {
     pub kind: String,
 }
 
+/// A source error's object kind and reason (`server_error`, `throttled`, `forbidden`,
+/// `timeout`, `connection`, `decode`, `gone`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceErrorLabel {
+    pub kind: String,
+    pub reason: String,
+}
+
+/// A TokenReview's outcome (`authenticated`, `rejected`, `unavailable`, `timeout`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VersionLabel {
     pub version: String,
@@ -128,6 +142,13 @@ pub struct Metrics {
     /// ambientd: source health.
     pub source_restarts: Counter,
     pub source_last_sync: Gauge<f64, AtomicU64>,
+    /// ambientd: watch errors per kind and reason, and whether each kind's watch is failing
+    /// (1) or working (0): while any is 1, the snapshot served may be stale.
+    pub source_errors: Family<SourceErrorLabel, Counter>,
+    pub source_failing: Family<KindLabel, Gauge>,
+    /// ambientd: TokenReviews the CA asked the API server for, by outcome (cache hits are not
+    /// counted).
+    pub token_reviews: Family<ResultLabel, Counter>,
     /// ambientd: status conditions the leader wrote (or found right, or failed to write), and
     /// objects waiting to be written.
     pub status_writes: Family<StatusLabel, Counter>,
@@ -184,6 +205,9 @@ impl Metrics {
         let generation = Gauge::default();
         let source_restarts = Counter::default();
         let source_last_sync = Gauge::<f64, AtomicU64>::default();
+        let source_errors = Family::<SourceErrorLabel, Counter>::default();
+        let source_failing = Family::<KindLabel, Gauge>::default();
+        let token_reviews = Family::<ResultLabel, Counter>::default();
         let resident_memory = Gauge::default();
         let status_writes = Family::<StatusLabel, Counter>::default();
         let status_pending = Gauge::default();
@@ -300,6 +324,21 @@ impl Metrics {
             source_last_sync.clone(),
         );
         registry.register(
+            "ambientd_source_errors",
+            "Watch errors of the Kubernetes source, by kind and reason (gone: a forced re-list)",
+            source_errors.clone(),
+        );
+        registry.register(
+            "ambientd_source_failing",
+            "1 while the kind's watch is failing (the snapshot served may be stale), else 0",
+            source_failing.clone(),
+        );
+        registry.register(
+            "ambientd_token_reviews",
+            "TokenReviews sent for the CA, by result (authenticated, rejected, unavailable, timeout)",
+            token_reviews.clone(),
+        );
+        registry.register(
             "ambientd_status_writes",
             "Status conditions handled by the leader, by object kind and result",
             status_writes.clone(),
@@ -350,6 +389,9 @@ impl Metrics {
             generation,
             source_restarts,
             source_last_sync,
+            source_errors,
+            source_failing,
+            token_reviews,
             status_writes,
             status_pending,
             jwks_fetch_success,

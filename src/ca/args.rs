@@ -76,6 +76,11 @@ pub struct CaArgs {
     )]
     pub token_audiences: Vec<String>,
 
+    /// How long a TokenReview (cluster mode) may take; past it the CSR or stream fails with
+    /// `Unavailable` and the caller retries.
+    #[arg(long, env = "AMBIENTD_TOKEN_REVIEW_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub token_review_timeout: Duration,
+
     /// Accounts (namespace/service-account, comma-separated) that may ask for certificates of
     /// pods on their node (ztunnel's ImpersonatedIdentity). Empty: nobody.
     #[arg(
@@ -118,6 +123,7 @@ impl CaArgs {
             tls_sans: self.tls_sans,
             jwks: self.jwks.zip(self.jwt_issuer),
             audiences: self.token_audiences,
+            token_review_timeout: self.token_review_timeout,
             trusted_node_accounts,
             ttl: TtlPolicy {
                 default: self.default_cert_ttl,

@@ -1,7 +1,9 @@
 //! Authenticators: who is calling, from a client certificate or a bearer token.
 //!
 //! They are tried in order and the first success wins, as in istiod. Each says `Ok(None)` when
-//! the request carries no credential of its kind, and `Err(reason)` when it carries a bad one.
+//! the request carries no credential of its kind, and `Err(reason)` when it carries a bad one
+//! ([`AuthError::Invalid`]) or one that cannot be checked right now
+//! ([`AuthError::Unavailable`]: the API server's TokenReview failed or timed out).
 //! A Kubernetes TokenReview authenticator (for the Kubernetes source) implements the same
 //! [`Authenticator`] trait and slots in beside these.
 
@@ -34,16 +36,55 @@ pub trait Authenticator: Send + Sync {
     /// A short name for logs.
     fn name(&self) -> &'static str;
     /// `Ok(None)`: no credential of this kind. `Err(reason)`: a credential that fails.
-    async fn authenticate(&self, ctx: &AuthContext<'_>) -> Result<Option<Caller>, String>;
+    async fn authenticate(&self, ctx: &AuthContext<'_>) -> Result<Option<Caller>, AuthError>;
+}
+
+/// Why an authenticator did not accept a credential.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AuthError {
+    /// The credential is bad.
+    Invalid(String),
+    /// The credential could not be checked now (whoever vouches for it did not answer); the
+    /// caller should retry.
+    Unavailable(String),
+}
+
+impl From<String> for AuthError {
+    fn from(reason: String) -> Self {
+        AuthError::Invalid(reason)
+    }
+}
+
+impl From<&str> for AuthError {
+    fn from(reason: &str) -> Self {
+        AuthError::Invalid(reason.to_string())
+    }
+}
+
+impl std::fmt::Display for AuthError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AuthError::Invalid(reason) | AuthError::Unavailable(reason) => f.write_str(reason),
+        }
+    }
 }
 
 /// The authenticators to try, in order.
 #[derive(Clone, Default)]
 pub struct Authenticators(Vec<Arc<dyn Authenticator>>);
 
-/// Why nobody was authenticated: each authenticator's reason, for the log only.
+/// Why nobody was authenticated: each authenticator's reason, for the log only, and whether
+/// one of them could not check its credential (then the caller is told to retry).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AuthFailure(pub Vec<String>);
+pub struct AuthFailure(pub Vec<String>, pub Option<String>);
+
+impl AuthFailure {
+    /// The reason a credential could not be checked, when that is why nobody was
+    /// authenticated (rather than a bad credential): safe to tell the caller.
+    pub fn unavailable(&self) -> Option<&str> {
+        self.1.as_deref()
+    }
+}
 
 impl std::fmt::Display for AuthFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -71,14 +112,20 @@ impl Authenticators {
     /// The first authenticator's success, or every failure reason.
     pub async fn authenticate(&self, ctx: &AuthContext<'_>) -> Result<Caller, AuthFailure> {
         let mut reasons = Vec::new();
+        let mut unavailable = None;
         for authenticator in &self.0 {
             match authenticator.authenticate(ctx).await {
                 Ok(Some(caller)) => return Ok(caller),
                 Ok(None) => {}
-                Err(reason) => reasons.push(format!("{}: {reason}", authenticator.name())),
+                Err(reason) => {
+                    if let AuthError::Unavailable(why) = &reason {
+                        unavailable.get_or_insert_with(|| why.clone());
+                    }
+                    reasons.push(format!("{}: {reason}", authenticator.name()));
+                }
             }
         }
-        Err(AuthFailure(reasons))
+        Err(AuthFailure(reasons, unavailable))
     }
 }
 
@@ -106,7 +153,7 @@ impl Authenticator for ClientCertAuthenticator {
         "client-certificate"
     }
 
-    async fn authenticate(&self, ctx: &AuthContext<'_>) -> Result<Option<Caller>, String> {
+    async fn authenticate(&self, ctx: &AuthContext<'_>) -> Result<Option<Caller>, AuthError> {
         let Some(leaf) = ctx.peer_certs.and_then(|certs| certs.first()) else {
             return Ok(None);
         };
@@ -115,7 +162,8 @@ impl Authenticator for ClientCertAuthenticator {
             return Err(format!(
                 "client certificate identity {identity} is not in this mesh's trust domain {}",
                 self.trust_domain
-            ));
+            )
+            .into());
         }
         Ok(Some(Caller {
             identity,
@@ -416,9 +464,9 @@ impl Authenticator for JwtAuthenticator {
         "jwt"
     }
 
-    async fn authenticate(&self, ctx: &AuthContext<'_>) -> Result<Option<Caller>, String> {
+    async fn authenticate(&self, ctx: &AuthContext<'_>) -> Result<Option<Caller>, AuthError> {
         match bearer_token(ctx)? {
-            Some(token) => self.validate(token).map(Some),
+            Some(token) => Ok(Some(self.validate(token)?)),
             None => Ok(None),
         }
     }
@@ -463,16 +511,15 @@ impl Authenticator for TokenReviewAuthenticator {
         "tokenreview"
     }
 
-    async fn authenticate(&self, ctx: &AuthContext<'_>) -> Result<Option<Caller>, String> {
+    async fn authenticate(&self, ctx: &AuthContext<'_>) -> Result<Option<Caller>, AuthError> {
         let Some(token) = bearer_token(ctx)? else {
             return Ok(None);
         };
-        // Any error (rejected, or the API server unreachable) fails closed.
-        let reviewed = self
-            .reviewer
-            .review(token)
-            .await
-            .map_err(|e| e.to_string())?;
+        // Any error fails closed; an unanswered review says so, so the caller retries.
+        let reviewed = self.reviewer.review(token).await.map_err(|e| match e {
+            crate::ca::review::ReviewError::Unavailable(_) => AuthError::Unavailable(e.to_string()),
+            crate::ca::review::ReviewError::Rejected(_) => AuthError::Invalid(e.to_string()),
+        })?;
         Ok(Some(Caller {
             identity: SpiffeId::new(
                 &self.trust_domain,
@@ -516,7 +563,7 @@ mod token_review_tests {
         }
     }
 
-    async fn authenticate(header: Option<&str>) -> Result<Option<Caller>, String> {
+    async fn authenticate(header: Option<&str>) -> Result<Option<Caller>, AuthError> {
         let mut metadata = MetadataMap::new();
         if let Some(header) = header {
             metadata.insert("authorization", header.parse().unwrap());
@@ -539,8 +586,14 @@ mod token_review_tests {
         );
         assert_eq!(caller.node.as_deref(), Some("node-a"));
         assert_eq!(caller.pod.unwrap().uid.as_deref(), Some("uid-1"));
-        assert!(authenticate(Some("Bearer bad")).await.is_err());
-        assert!(authenticate(Some("Bearer down")).await.is_err());
+        assert!(matches!(
+            authenticate(Some("Bearer bad")).await,
+            Err(AuthError::Invalid(_))
+        ));
+        let Err(AuthError::Unavailable(why)) = authenticate(Some("Bearer down")).await else {
+            panic!("an unreachable API server is not a rejection");
+        };
+        assert!(why.contains("TokenReview"), "{why}");
         assert_eq!(authenticate(None).await, Ok(None));
     }
 }

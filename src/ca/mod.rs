@@ -53,7 +53,8 @@ use crate::metrics::Metrics;
 
 pub use args::CaArgs;
 pub use authn::{
-    AuthContext, Authenticator, Authenticators, JwtAuthenticator, TokenReviewAuthenticator,
+    AuthContext, AuthError, AuthFailure, Authenticator, Authenticators, JwtAuthenticator,
+    TokenReviewAuthenticator,
 };
 pub use authorize::{Caller, Policy};
 pub use identity::SpiffeId;
@@ -84,12 +85,18 @@ pub struct CaConfig {
     pub jwks: Option<(PathBuf, String)>,
     /// Audiences a token must carry one of.
     pub audiences: Vec<String>,
+    /// How long a TokenReview may take before the caller is told the API server is
+    /// unavailable (cluster mode).
+    pub token_review_timeout: Duration,
     /// Accounts allowed to impersonate (`ImpersonatedIdentity`).
     pub trusted_node_accounts: Vec<(String, String)>,
     pub ttl: TtlPolicy,
     /// Where the `citadel_server_*` metrics go; the app shares its registry here.
     pub metrics: Arc<Metrics>,
 }
+
+/// The default of `--token-review-timeout`.
+pub const DEFAULT_TOKEN_REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl CaConfig {
     /// Defaults with the listener on `127.0.0.1:0` and the CA in `ca_dir`: for tests.
@@ -101,6 +108,7 @@ impl CaConfig {
             tls_sans: vec!["127.0.0.1".into(), "localhost".into()],
             jwks: None,
             audiences: vec![token::DEFAULT_AUDIENCE.into()],
+            token_review_timeout: DEFAULT_TOKEN_REVIEW_TIMEOUT,
             trusted_node_accounts: vec![("istio-system".into(), "ztunnel".into())],
             ttl: TtlPolicy::default(),
             metrics: Arc::default(),

@@ -2,7 +2,10 @@
 //! delta ADS that authenticates the caller and applies istiod's xDS identity check.
 //!
 //! Statuses are built here and nowhere else. Every authentication or authorization failure is
-//! `Unauthenticated` with a fixed message; the reason goes to the log only.
+//! `Unauthenticated` with a fixed message; the reason goes to the log only. The one exception:
+//! when a credential could not be checked (the API server's TokenReview failed or timed out)
+//! the answer is `Unavailable`, naming the TokenReview, so the caller retries instead of
+//! treating its token as bad.
 
 use std::sync::Arc;
 
@@ -13,7 +16,7 @@ use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 use tonic::{Request, Response, Status};
 use tracing::{debug, warn};
 
-use crate::ca::authn::{AuthContext, Authenticators};
+use crate::ca::authn::{AuthContext, AuthFailure, Authenticators};
 use crate::ca::authorize::{Caller, Policy, authorize};
 use crate::ca::pods::PodIndex;
 use crate::ca::signer::{Csr, SignError, Signer, TtlPolicy};
@@ -69,7 +72,7 @@ impl CaState {
         &self,
         metadata: &MetadataMap,
         extensions: &http::Extensions,
-    ) -> Result<Caller, String> {
+    ) -> Result<Caller, AuthFailure> {
         let peer_certs = extensions
             .get::<TlsConnectInfo<TcpConnectInfo>>()
             .and_then(|info| info.peer_certs());
@@ -77,10 +80,16 @@ impl CaState {
             metadata,
             peer_certs: peer_certs.as_deref().map(Vec::as_slice),
         };
-        self.authenticators
-            .authenticate(&ctx)
-            .await
-            .map_err(|failure| failure.to_string())
+        self.authenticators.authenticate(&ctx).await
+    }
+}
+
+/// The status for a caller nobody authenticated: `Unavailable` when its credential could not
+/// be checked, else `Unauthenticated` with the fixed `message`.
+pub(super) fn refusal(failure: &AuthFailure, message: &str) -> Status {
+    match failure.unavailable() {
+        Some(why) => Status::unavailable(format!("{why}; retry later")),
+        None => Status::unauthenticated(message),
     }
 }
 
@@ -124,10 +133,10 @@ impl IstioCertificateService for CertificateService {
             .await
         {
             Ok(caller) => caller,
-            Err(reason) => {
-                warn!(%peer, %reason, "CSR refused: authentication failed");
+            Err(failure) => {
+                warn!(%peer, reason = %failure, "CSR refused: authentication failed");
                 state.metrics.auth_failures.inc();
-                return Err(Status::unauthenticated("request authenticate failure"));
+                return Err(refusal(&failure, "request authenticate failure"));
             }
         };
         let request = request.into_inner();

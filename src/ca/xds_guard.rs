@@ -102,9 +102,11 @@ where
             let metadata = MetadataMap::from_headers(parts.headers.clone());
             let caller = match state.authenticate(&metadata, &parts.extensions).await {
                 Ok(caller) => caller,
-                Err(reason) => {
-                    warn!(%peer, %reason, "xDS stream refused: authentication failed");
-                    return Ok(Status::unauthenticated("authentication failure").into_http());
+                Err(failure) => {
+                    warn!(%peer, reason = %failure, "xDS stream refused: authentication failed");
+                    return Ok(
+                        super::service::refusal(&failure, "authentication failure").into_http()
+                    );
                 }
             };
             let body = if parts.uri.path() == DELTA_PATH {

@@ -40,6 +40,9 @@ pub struct DebugState {
     pub log_filter: Option<LogControl>,
     /// The CA's authenticators, for callers that are not on loopback; `None` without a CA.
     pub authenticators: Option<crate::ca::Authenticators>,
+    /// The Kubernetes source's watch health (`None` for a manifests directory), for
+    /// `/debug/syncz`.
+    pub source_health: Option<std::sync::Arc<crate::kube::cluster::ClusterHealth>>,
 }
 
 /// Every endpoint, as listed by `/debug/list`.
@@ -192,6 +195,7 @@ mod tests {
             settings: Settings::default(),
             log_filter: None,
             authenticators: None,
+            source_health: None,
         }
     }
 

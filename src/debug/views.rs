@@ -47,11 +47,38 @@ fn in_namespace(c: &ConnectionStatus, namespace: &Option<String>) -> bool {
         .is_none_or(|ns| c.proxy.as_ref().is_some_and(|p| &p.namespace == ns))
 }
 
-/// `/debug/syncz`: one object per connection, with per-type sent/acked nonces.
+/// Whether the snapshot served is current, for each `/debug/syncz` entry's `source` field:
+/// `current` is false while any kind's watch is failing; `failing` names those kinds, since
+/// when, with their last error. A manifests source is always current.
+pub fn source_status(state: &DebugState) -> Value {
+    let Some(health) = &state.source_health else {
+        return json!({"current": true, "failing": []});
+    };
+    let failing: Vec<Value> = health
+        .kinds()
+        .into_iter()
+        .filter(|(_, h)| h.failing)
+        .map(|(kind, h)| {
+            json!({
+                "kind": kind.to_string(),
+                "since": rfc3339(h.failing_since),
+                "reason": h.last_reason.map(|r| r.as_str()),
+                "lastError": h.last_error,
+                "errors": h.errors,
+                "lastProgress": rfc3339(h.last_progress),
+            })
+        })
+        .collect();
+    json!({"current": failing.is_empty(), "failing": failing})
+}
+
+/// `/debug/syncz`: one object per connection, with per-type sent/acked nonces, and (our
+/// addition to istiod's shape) whether the snapshot behind them is current.
 pub async fn syncz(
     State(state): State<DebugState>,
     Query(q): Query<NamespaceQuery>,
 ) -> Json<Value> {
+    let source = source_status(&state);
     let connections: Vec<Value> = state
         .registry
         .list()
@@ -89,6 +116,7 @@ pub async fn syncz(
                 "cluster_id": proxy.cluster_id,
                 "istio_version": proxy.version,
                 "resources": resources,
+                "source": source,
             })
         })
         .collect();

@@ -20,20 +20,27 @@
 //!   [`ClusterConfig::retry`] says otherwise), resumes from its last resourceVersion, and
 //!   re-lists after a 410. Nothing is sent meanwhile, so the index keeps serving its last
 //!   snapshot; each kind logs once when it starts failing and once when it recovers, and
-//!   [`ClusterHealth`] counts it.
+//!   [`ClusterHealth`] records it (since when, the last error, why: [`ErrorReason`]), which
+//!   the metrics and `/debug/syncz` show.
+//! - **Hangs:** each watch asks the API server to end it after
+//!   [`ClusterConfig::watch_timeout`]; the client gives up on any response (a list, a watch)
+//!   that goes that long plus [`READ_GRACE`] without a byte, which counts as an error and is
+//!   retried like one.
 //! - **Discovery selectors:** objects of namespaced kinds outside the selected namespaces are
 //!   dropped on arrival. When the set of selected namespaces changes, the namespaced watchers
 //!   re-list, and their `Reset`s bring the index to the new selection.
 //!
 //! The `istio.io/rev` revision filter is the index's (see `Settings::revision`), not ours.
 
+mod health;
 pub mod kinds;
+mod observe;
 pub mod selector;
 mod watch;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -45,11 +52,18 @@ use tracing::{Instrument, info, info_span};
 
 use crate::discovery::model::{Event, Kind};
 
+pub(crate) use health::classify;
+pub use health::{ClusterHealth, ErrorReason, KindHealth};
 pub use kinds::{WatchedKind, watched_kinds};
 pub use selector::{DiscoverySelectors, LabelSelector, MeshSettings};
 
 /// Events from watchers queued before they wait for the coordinator.
 const WATCH_BUFFER: usize = 1024;
+
+/// How much longer than the watch timeout a response may go without a byte before the client
+/// gives it up. Shorter than kube-runtime's own idle margin (5 s), so a silent watch surfaces
+/// as an error (counted, shown) rather than a quiet reconnect.
+pub const READ_GRACE: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -205,7 +219,14 @@ pub struct ClusterConfig {
     pub context: Option<String>,
     pub discovery_selectors: DiscoverySelectors,
     pub retry: Retry,
+    /// The `timeoutSeconds` of each watch (whole seconds, at least 1): the API server ends a
+    /// watch after this long and the watcher resumes it. Plus [`READ_GRACE`], it is also how
+    /// long any request of this client may go without receiving a byte (a hung list or watch).
+    pub watch_timeout: Duration,
 }
+
+/// kube-runtime's default watch timeout.
+pub const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(290);
 
 impl Default for ClusterConfig {
     fn default() -> Self {
@@ -214,6 +235,7 @@ impl Default for ClusterConfig {
             context: None,
             discovery_selectors: DiscoverySelectors::default(),
             retry: Retry::KubeDefault,
+            watch_timeout: DEFAULT_WATCH_TIMEOUT,
         }
     }
 }
@@ -221,6 +243,15 @@ impl Default for ClusterConfig {
 impl ClusterConfig {
     /// The Kubernetes client this config names.
     pub async fn client(&self) -> Result<kube::Client, ClusterError> {
+        self.client_observing(&observe::WatchBreaks::default())
+            .await
+    }
+
+    /// The client, with its watch responses observed for breaks kube does not report.
+    async fn client_observing(
+        &self,
+        breaks: &observe::WatchBreaks,
+    ) -> Result<kube::Client, ClusterError> {
         let options = KubeConfigOptions {
             context: self.context.clone(),
             ..KubeConfigOptions::default()
@@ -244,85 +275,23 @@ impl ClusterConfig {
                 .map_err(ClusterError::KubeconfigContext)?,
             (None, None) => kube::Config::infer().await.map_err(ClusterError::Infer)?,
         };
-        kube::Client::try_from(config).map_err(ClusterError::Client)
-    }
-}
-
-/// The health of one kind's watch.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct KindHealth {
-    /// Its first list (or its absence) has been delivered.
-    pub synced: bool,
-    /// The API server answers 404: its CRD is not installed (the kind counts as empty).
-    pub missing: bool,
-    /// Currently failing and backing off; the index serves what it last had.
-    pub failing: bool,
-    /// Errors seen (each one a retry).
-    pub errors: u64,
-    /// Completed lists (the first, and every re-list).
-    pub lists: u64,
-    pub last_error: Option<String>,
-}
-
-/// Watch health per kind, for logs, metrics and tests.
-#[derive(Default)]
-pub struct ClusterHealth {
-    kinds: Mutex<BTreeMap<Kind, KindHealth>>,
-    on_error: OnceLock<Box<dyn Fn(Kind) + Send + Sync>>,
-}
-
-impl std::fmt::Debug for ClusterHealth {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClusterHealth")
-            .field("kinds", &self.kinds())
-            .finish()
-    }
-}
-
-impl ClusterHealth {
-    /// A copy of every kind's health.
-    pub fn kinds(&self) -> BTreeMap<Kind, KindHealth> {
-        self.lock().clone()
+        let mut config = config;
+        config.read_timeout = Some(self.watch_seconds_duration() + READ_GRACE);
+        // The timeout counts from each request, not from when its pooled connection went idle.
+        config.reset_reader_on_write = true;
+        Ok(kube::client::ClientBuilder::try_from(config)
+            .map_err(ClusterError::Client)?
+            .with_layer(breaks)
+            .build())
     }
 
-    pub fn kind(&self, kind: Kind) -> KindHealth {
-        self.lock().get(&kind).cloned().unwrap_or_default()
+    /// The watch timeout in whole seconds (at least 1), as sent.
+    pub(crate) fn watch_seconds(&self) -> u32 {
+        self.watch_timeout.as_secs().clamp(1, u64::from(u32::MAX)) as u32
     }
 
-    /// Some watch is failing: what is served may be stale.
-    pub fn degraded(&self) -> bool {
-        self.lock().values().any(|k| k.failing)
-    }
-
-    /// Calls `hook` on every watch error or forced re-list (a metrics counter, say). Set once.
-    pub fn on_error(&self, hook: impl Fn(Kind) + Send + Sync + 'static) {
-        let _ = self.on_error.set(Box::new(hook));
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Kind, KindHealth>> {
-        self.kinds.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn update(&self, kind: Kind, f: impl FnOnce(&mut KindHealth)) {
-        f(self.lock().entry(kind).or_default());
-    }
-
-    /// A 410 Gone: not a failure, but a re-list (counted for the metrics hook).
-    fn relisting(&self, kind: Kind) {
-        if let Some(hook) = self.on_error.get() {
-            hook(kind);
-        }
-    }
-
-    fn error(&self, kind: Kind, error: String) {
-        self.update(kind, |h| {
-            h.errors += 1;
-            h.failing = true;
-            h.last_error = Some(error);
-        });
-        if let Some(hook) = self.on_error.get() {
-            hook(kind);
-        }
+    fn watch_seconds_duration(&self) -> Duration {
+        Duration::from_secs(u64::from(self.watch_seconds()))
     }
 }
 
@@ -338,10 +307,16 @@ impl Selection {
 
 /// A connected Kubernetes source, ready to run.
 pub struct ClusterSource {
+    /// Shared with the other users of the API server (writers, the CA's TokenReview).
     client: kube::Client,
+    /// The watchers' own client, whose watch responses are observed (`breaks`): another
+    /// user's watch of the same resource must not count as the source's.
+    watch_client: kube::Client,
     config: ClusterConfig,
     kinds: Vec<WatchedKind>,
     health: Arc<ClusterHealth>,
+    /// Watch responses that break off, as the watchers' client observes them.
+    breaks: observe::WatchBreaks,
 }
 
 impl std::fmt::Debug for ClusterSource {
@@ -356,16 +331,26 @@ impl ClusterSource {
     /// Builds the client from `config` (kubeconfig or in-cluster). Nothing is contacted yet.
     pub async fn connect(config: ClusterConfig) -> Result<Self, ClusterError> {
         let client = config.client().await?;
-        Ok(Self::new(client, config))
+        let breaks = observe::WatchBreaks::default();
+        let watch_client = config.client_observing(&breaks).await?;
+        Ok(ClusterSource {
+            watch_client,
+            breaks,
+            ..Self::new(client, config)
+        })
     }
 
-    /// A source over an existing client (tests, embedders).
+    /// A source over an existing client (tests, embedders). Watches that break off in a way
+    /// kube's client does not report (an EOF mid-stream) are resumed but not counted: only
+    /// the watchers' client that [`ClusterSource::connect`] builds observes them.
     pub fn new(client: kube::Client, config: ClusterConfig) -> Self {
         ClusterSource {
+            watch_client: client.clone(),
             client,
             config,
             kinds: watched_kinds(),
             health: Arc::new(ClusterHealth::default()),
+            breaks: observe::WatchBreaks::default(),
         }
     }
 
@@ -381,10 +366,12 @@ impl ClusterSource {
     /// Runs every watcher until `shutdown` or until the event receiver goes away.
     pub async fn run(self, events: mpsc::Sender<Event>, shutdown: CancellationToken) {
         let ClusterSource {
-            client,
+            watch_client: client,
             config,
             kinds,
             health,
+            breaks,
+            ..
         } = self;
         info!(
             discovery_selectors = %config.discovery_selectors,
@@ -401,11 +388,14 @@ impl ClusterSource {
             expected.push(watched.kind);
             let kind = watched.kind;
             let is_namespace = kind == Kind::Namespace;
+            let broken = breaks.register(&watched.resource);
             let task = watch::KindWatch {
+                broken,
                 watched,
                 client: client.clone(),
                 out: watch_tx.clone(),
                 retry: config.retry,
+                watch_timeout: config.watch_seconds(),
                 health: health.clone(),
                 shutdown: shutdown.clone(),
                 filter: (filtering && !is_namespace && kind.namespaced())
@@ -599,6 +589,43 @@ mod tests {
                 "Pod demo/c",
             ]
         );
+    }
+
+    #[test]
+    fn watch_errors_are_classified_by_status_and_cause() {
+        use kube::runtime::watcher::Error as W;
+        let api = |code: u16| {
+            kube::Error::Api(Box::new(kube::core::Status {
+                code,
+                ..Default::default()
+            }))
+        };
+        assert_eq!(
+            classify(&W::InitialListFailed(api(500))),
+            ErrorReason::ServerError
+        );
+        assert_eq!(
+            classify(&W::WatchStartFailed(api(429))),
+            ErrorReason::Throttled
+        );
+        assert_eq!(
+            classify(&W::WatchStartFailed(api(403))),
+            ErrorReason::Forbidden
+        );
+        let timed_out = std::io::Error::other(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "deadline has elapsed",
+        ));
+        assert_eq!(
+            classify(&W::WatchFailed(kube::Error::ReadEvents(timed_out))),
+            ErrorReason::Timeout
+        );
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        assert_eq!(
+            classify(&W::WatchFailed(kube::Error::ReadEvents(reset))),
+            ErrorReason::Connection
+        );
+        assert_eq!(classify(&W::NoResourceVersion), ErrorReason::Decode);
     }
 
     #[test]

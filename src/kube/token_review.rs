@@ -8,18 +8,22 @@
 //!
 //! Results are cached by the token's SHA-256 for a short time (never past the token's own
 //! `exp`), so a proxy's burst of CSRs costs one round trip. Rejections are cached for less;
-//! API errors are not cached at all.
+//! API errors are not cached at all. A review that takes longer than its timeout (10 s by
+//! default) is abandoned as [`ReviewError::Unavailable`], which the CA answers with gRPC
+//! `Unavailable` so the caller retries; each review sent is counted in
+//! `ambientd_token_reviews{result}`.
 //!
 //! [`fetch_oidc`] reads the cluster's issuer and JWKS instead, for local validation.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, TokenReviewStatus};
 use kube::api::{Api, PostParams};
 
 use crate::ca::review::{ReviewError, ReviewTokens, ReviewedToken};
+use crate::metrics::{Metrics, ResultLabel};
 
 /// The audience istiod's CA asks for.
 pub const ISTIO_CA_AUDIENCE: &str = "istio-ca";
@@ -41,6 +45,8 @@ pub struct TokenReviewer {
     ttl: Duration,
     rejected_ttl: Duration,
     max_entries: usize,
+    timeout: Duration,
+    metrics: Option<Arc<Metrics>>,
     cache: Mutex<HashMap<[u8; 32], Cached>>,
 }
 
@@ -62,6 +68,8 @@ impl TokenReviewer {
             ttl: Duration::from_secs(30),
             rejected_ttl: Duration::from_secs(5),
             max_entries: 10_000,
+            timeout: crate::ca::DEFAULT_TOKEN_REVIEW_TIMEOUT,
+            metrics: None,
             cache: Mutex::new(HashMap::new()),
         }
     }
@@ -69,6 +77,18 @@ impl TokenReviewer {
     /// The audiences to ask for; a token must match one of them.
     pub fn with_audiences(mut self, audiences: Vec<String>) -> Self {
         self.audiences = audiences;
+        self
+    }
+
+    /// How long a review may take before it counts as unavailable.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Counts each review sent in `ambientd_token_reviews{result}`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
         self
     }
 
@@ -91,7 +111,31 @@ impl TokenReviewer {
         {
             return cached.result.clone();
         }
-        let result = self.ask(token).await;
+        let (result, outcome) = match tokio::time::timeout(self.timeout, self.ask(token)).await {
+            Ok(result) => {
+                let outcome = match &result {
+                    Ok(_) => "authenticated",
+                    Err(ReviewError::Rejected(_)) => "rejected",
+                    Err(ReviewError::Unavailable(_)) => "unavailable",
+                };
+                (result, outcome)
+            }
+            Err(_) => (
+                Err(ReviewError::Unavailable(format!(
+                    "the API server did not answer within {:?}",
+                    self.timeout
+                ))),
+                "timeout",
+            ),
+        };
+        if let Some(metrics) = &self.metrics {
+            metrics
+                .token_reviews
+                .get_or_create(&ResultLabel {
+                    result: outcome.to_string(),
+                })
+                .inc();
+        }
         let ttl = match &result {
             Ok(_) => self.ttl,
             Err(ReviewError::Rejected(_)) => self.rejected_ttl,

@@ -24,6 +24,7 @@ mod ip_allocate;
 mod kube;
 mod kube_e2e;
 mod kube_fake_writes;
+mod kube_faults;
 mod kube_leader;
 mod kube_token_review;
 mod kube_writes;

@@ -16,7 +16,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::kinds::{Reduced, WatchedKind, WatchedObject, object_ref, reduce};
-use super::{ClusterHealth, DiscoverySelectors, Message, Recorded, Retry, Selection};
+use super::{
+    ClusterHealth, DiscoverySelectors, ErrorReason, Message, READ_GRACE, Recorded, Retry,
+    Selection, classify,
+};
 use crate::discovery::model::{Event, Kind, Labels, Object};
 use crate::kube::not_served;
 
@@ -97,10 +100,14 @@ impl NamespaceSelection {
 }
 
 pub(super) struct KindWatch {
+    /// Watch responses that broke off where kube's client resumes quietly.
+    pub broken: mpsc::UnboundedReceiver<super::observe::BrokenWatch>,
     pub watched: WatchedKind,
     pub client: kube::Client,
     pub out: mpsc::Sender<(Kind, Message)>,
     pub retry: Retry,
+    /// Each watch's `timeoutSeconds`.
+    pub watch_timeout: u32,
     pub health: Arc<ClusterHealth>,
     pub shutdown: CancellationToken,
     /// The selected namespaces, for namespaced kinds when discovery selectors are set.
@@ -170,7 +177,7 @@ impl KindWatch {
     async fn watch(&mut self, selection: Option<Selection>) -> Stop {
         let kind = self.watched.kind;
         let api: Api<WatchedObject> = Api::all_with(self.client.clone(), &self.watched.resource);
-        let mut config = watcher::Config::default();
+        let mut config = watcher::Config::default().timeout(self.watch_timeout);
         if let Some(fields) = self.watched.field_selector {
             config = config.fields(fields);
         }
@@ -208,7 +215,12 @@ impl KindWatch {
                     }
                 } => {
                     settled_at = None;
-                    self.recovered();
+                    self.recovered(false);
+                    continue;
+                }
+                Some(broken) = self.broken.recv() => {
+                    // kube resumes the watch at once: no backoff to wait out.
+                    settled_at = Some(Instant::now() + self.failed(broken.reason, broken.error));
                     continue;
                 }
                 item = stream.next() => item,
@@ -245,19 +257,8 @@ impl KindWatch {
                         self.health.relisting(kind);
                         continue;
                     }
-                    let text = error.to_string();
-                    let was_failing = self.health.kind(kind).failing;
-                    self.health.error(kind, text.clone());
-                    if !was_failing {
-                        warn!(
-                            error = text,
-                            "watch failing; serving the last snapshot, retrying with backoff"
-                        );
-                    } else {
-                        debug!(error = text, "watch still failing");
-                    }
-                    let delay = progress.last_delay();
-                    settled_at = Some(Instant::now() + delay + SETTLED);
+                    let settle = self.failed(classify(&error), error.to_string());
+                    settled_at = Some(Instant::now() + progress.last_delay() + settle);
                     continue;
                 }
             };
@@ -265,7 +266,7 @@ impl KindWatch {
             // shows that the watch works again.
             if !matches!(event, WatchEvent::Init) {
                 settled_at = None;
-                self.recovered();
+                self.recovered(true);
                 progress.progressed();
             }
             match event {
@@ -357,14 +358,32 @@ impl KindWatch {
         }
     }
 
-    fn recovered(&self) {
+    /// Records a watch error (logged once per failure); returns how long after its retry the
+    /// watch must stay quiet to count as working again. After a hang, that is a whole watch
+    /// period without another timeout.
+    fn failed(&self, reason: ErrorReason, text: String) -> Duration {
         let kind = self.watched.kind;
-        let mut was_failing = false;
-        self.health.update(kind, |h| {
-            was_failing = h.failing;
-            h.failing = false;
-        });
-        if was_failing {
+        let was_failing = self.health.kind(kind).failing;
+        self.health.error(kind, reason, text.clone());
+        if !was_failing {
+            warn!(
+                error = text,
+                %reason,
+                "watch failing; serving the last snapshot, retrying with backoff"
+            );
+        } else {
+            debug!(error = text, %reason, "watch still failing");
+        }
+        if reason == ErrorReason::Timeout {
+            Duration::from_secs(u64::from(self.watch_timeout)) + READ_GRACE + SETTLED
+        } else {
+            SETTLED
+        }
+    }
+
+    /// The watch works again (`progress`: it delivered something).
+    fn recovered(&self, progress: bool) {
+        if self.health.recovered(self.watched.kind, progress) {
             info!("watch recovered");
         }
     }
@@ -375,10 +394,10 @@ impl KindWatch {
     async fn missing(&mut self, error: &watcher::Error) -> bool {
         let kind = self.watched.kind;
         let already = self.health.kind(kind).missing;
+        self.health.recovered(kind, false);
         self.health.update(kind, |h| {
             h.missing = true;
             h.synced = true;
-            h.failing = false;
         });
         if already {
             debug!(%error, "still not served");

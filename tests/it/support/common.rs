@@ -194,6 +194,17 @@ impl XdsClient {
             .expect("no message within the wait")
     }
 
+    /// The next response if one arrives within `within`; fails the test if the stream fails
+    /// or ends.
+    pub async fn try_recv(&mut self, within: Duration) -> Option<DeltaDiscoveryResponse> {
+        match tokio::time::timeout(within, self.responses.message()).await {
+            Err(_) => None,
+            Ok(Err(status)) => panic!("stream failed: {status}"),
+            Ok(Ok(None)) => panic!("stream ended"),
+            Ok(Ok(Some(response))) => Some(response),
+        }
+    }
+
     /// Asserts nothing arrives for `quiet`.
     pub async fn expect_silence(&mut self, quiet: Duration) {
         if let Ok(message) = tokio::time::timeout(quiet, self.responses.message()).await {

@@ -166,6 +166,17 @@ fn injected(code: u16, request: &Request) -> Response {
             )
         }
         404 => status(404, "NotFound", &format!("{plural} \"{name}\" not found")),
+        // API priority and fairness shedding load (no capture: worded as kubernetes
+        // staging/src/k8s.io/apiserver/pkg/server/filters/priority-and-fairness.go answers).
+        429 => {
+            let mut body = status(
+                429,
+                "TooManyRequests",
+                "Too many requests, please try again later.",
+            );
+            body["details"] = json!({"retryAfterSeconds": 1});
+            body
+        }
         409 => status(
             409,
             "Conflict",
@@ -194,12 +205,19 @@ fn injected(code: u16, request: &Request) -> Response {
         body["details"] = details;
     }
     let status_code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (
+    let mut response = (
         status_code,
         [("content-type", "application/json")],
         body.to_string(),
     )
-        .into_response()
+        .into_response();
+    if matches!(code, 429 | 503) {
+        // Both come with a hint of when to come back, which kube's client honours.
+        response
+            .headers_mut()
+            .insert("retry-after", axum::http::HeaderValue::from_static("1"));
+    }
+    response
 }
 
 /// The user an injected 403 names (the real message names the caller).
@@ -225,16 +243,38 @@ pub(super) async fn handle(
         query: uri.query().unwrap_or_default().to_string(),
         content_type,
     };
-    let failure = {
+    let (failure, interposed) = {
         let mut state = shared.lock();
-        let failure = state.take_failure(&request);
+        let failure = state
+            .take_failure(&request)
+            .or_else(|| state.take_call_failure(&request));
+        let interposed = if failure.is_none() && request.is_write() {
+            state.take_interposed(&request)
+        } else {
+            None
+        };
         state.requests.push(request.clone());
-        failure
+        (failure, interposed)
     };
     if let Some(code) = failure {
         return injected(code, &request);
     }
+    if let Some(object) = interposed {
+        // Another client's write lands first.
+        let mut state = shared.lock();
+        let index = state.resources.iter().position(|r| {
+            r.api_version == object["apiVersion"].as_str().unwrap_or_default()
+                && r.kind == object["kind"].as_str().unwrap_or_default()
+        });
+        if let Some(index) = index {
+            super::write::store(&shared, &mut state, index, object);
+        }
+    }
     if method == Method::POST && uri.path() == "/apis/authentication.k8s.io/v1/tokenreviews" {
+        let delay = shared.lock().token_review_delay();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         return token_review(&shared, &body);
     }
     if uri.path() == "/.well-known/openid-configuration" {
@@ -263,6 +303,13 @@ pub(super) async fn handle(
         Err(message) => return error_response(400, "BadRequest", &message),
     };
     let watching = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+    if watching && shared.lock().hangs(&request) {
+        return super::faults::silent_watch(shared.clone(), request);
+    }
+    if !watching {
+        // A hung list answers only once the hang is lifted (the client has given up by then).
+        shared.hang_while_faulty(&request).await;
+    }
     if watching {
         let mut hold = shared.hold.subscribe();
         let _ = hold.wait_for(|held| !held).await;
@@ -460,6 +507,7 @@ fn watch(
     let kill = shared.watch_kill.lock().unwrap().clone();
     drop(state);
     let resource_index = target.resource;
+    let shared = shared.clone();
     tokio::spawn(async move {
         for (kind, item) in backlog {
             let line = if kind == "ERROR" {
@@ -470,6 +518,10 @@ fn watch(
             } else {
                 event_line(&resource, kind, &item)
             };
+            // A replayed event may be the one to cut (the watch it was meant for ended).
+            if kind != "ERROR" && cut(&shared, &resource, &line, &tx).await {
+                return;
+            }
             if tx.send(Ok(line)).await.is_err() {
                 return;
             }
@@ -524,6 +576,9 @@ fn watch(
                 }
                 Err(broadcast::error::RecvError::Closed) => return,
             };
+            if cut(&shared, &resource, &line, &tx).await {
+                return;
+            }
             if tx.send(Ok(line)).await.is_err() {
                 return;
             }
@@ -534,6 +589,27 @@ fn watch(
         Body::from_stream(ReceiverStream::new(rx)),
     )
         .into_response()
+}
+
+/// If a cut is armed for this resource's watches, sends half of `line` and then kills the
+/// connection (the connection dies in the middle of the line); true if it did.
+async fn cut(
+    shared: &Shared,
+    resource: &Resource,
+    line: &Bytes,
+    tx: &mpsc::Sender<Result<Bytes, io::Error>>,
+) -> bool {
+    if !shared.lock().take_cut(&resource.plural) {
+        return false;
+    }
+    let _ = tx.send(Ok(line.slice(..line.len() / 2))).await;
+    let _ = tx
+        .send(Err(io::Error::new(
+            io::ErrorKind::ConnectionReset,
+            "cut mid-event",
+        )))
+        .await;
+    true
 }
 
 fn token_review(shared: &Shared, body: &[u8]) -> Response {

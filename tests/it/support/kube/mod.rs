@@ -6,10 +6,14 @@
 //! TokenReview, and writes: get, create, replace, patch (merge, JSON, server-side apply),
 //! delete and the `status` subresource (see `write`), with a request log tests can audit.
 //!
+//! Injected faults (errors, hangs, watches cut mid-event, slow TokenReviews, concurrent
+//! writers) are described in `faults`.
+//!
 //! Like the real API server, list items carry no `apiVersion`/`kind`; watch events do. Each
 //! error answer names the captured real answer it imitates (tests/fixtures/kube-responses),
 //! and `kube_fake_writes.rs` replays those captures against the fake.
 
+mod faults;
 mod http;
 mod log;
 mod net;
@@ -202,6 +206,7 @@ struct FakeState {
     tokens: HashMap<String, Value>,
     token_reviews: usize,
     jwks: Option<Value>,
+    faults: faults::Faults,
 }
 
 struct Shared {
@@ -213,6 +218,8 @@ struct Shared {
     conn_kill: Mutex<CancellationToken>,
     /// While true, watch requests wait before reading history (benchmarks stage a backlog).
     hold: tokio::sync::watch::Sender<bool>,
+    /// Bumped whenever a hang is lifted, to wake parked requests.
+    released: tokio::sync::watch::Sender<u64>,
 }
 
 impl Shared {
@@ -253,11 +260,13 @@ impl FakeApiServer {
                 tokens: HashMap::new(),
                 token_reviews: 0,
                 jwks: None,
+                faults: faults::Faults::default(),
             }),
             changes,
             watch_kill: Mutex::new(CancellationToken::new()),
             conn_kill: Mutex::new(CancellationToken::new()),
             hold: tokio::sync::watch::channel(false).0,
+            released: tokio::sync::watch::channel(0).0,
         });
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
