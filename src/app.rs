@@ -440,18 +440,19 @@ async fn shutdown_signal() {
 /// The source, opened: a readable manifests directory, or a Kubernetes client.
 enum OpenedSource {
     Manifests(ManifestDir),
-    Cluster(crate::kube::cluster::ClusterSource),
+    /// Boxed: two clients and the source's config.
+    Cluster(Box<crate::kube::cluster::ClusterSource>),
 }
 
 impl OpenedSource {
     async fn open(source: &Source) -> anyhow::Result<Self> {
         Ok(match source {
             Source::Manifests(dir) => OpenedSource::Manifests(ManifestDir::open(dir)?),
-            Source::Cluster(cluster) => OpenedSource::Cluster(
+            Source::Cluster(cluster) => OpenedSource::Cluster(Box::new(
                 crate::kube::cluster::ClusterSource::connect(cluster.clone())
                     .await
                     .context("Kubernetes source")?,
-            ),
+            )),
         })
     }
 

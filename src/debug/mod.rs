@@ -275,4 +275,17 @@ mod tests {
         assert_eq!(code, StatusCode::OK);
         assert_eq!(body, "", "istiod's 200 has no body");
     }
+
+    #[test]
+    fn a_manifests_source_is_always_current_and_a_healthy_cluster_too() {
+        let (_publish, snapshots) = tokio::sync::watch::channel(None);
+        let manifests = state(snapshots.clone());
+        let current = serde_json::json!({"current": true, "failing": []});
+        assert_eq!(views::source_status(&manifests), current);
+        let cluster = DebugState {
+            source_health: Some(Arc::new(crate::kube::cluster::ClusterHealth::default())),
+            ..state(snapshots)
+        };
+        assert_eq!(views::source_status(&cluster), current);
+    }
 }
