@@ -230,6 +230,13 @@ pub struct ServeArgs {
     #[arg(long, env = "AMBIENTD_STREAM_IDLE_TIMEOUT", default_value = "5m", value_parser = short_duration)]
     pub stream_idle_timeout: Duration,
 
+    /// A reconnecting proxy that holds names this replica does not have (yet) keeps them this
+    /// long; those that still do not exist then are removed. A proxy that moves from a replica
+    /// that died to one a few events behind it so never loses what was just created. `0`
+    /// removes them with the first response.
+    #[arg(long, env = "AMBIENTD_RECONNECT_REMOVAL_GRACE", default_value = "2s", value_parser = short_duration)]
+    pub reconnect_removal_grace: Duration,
+
     /// Node-scoped pushes: a ztunnel (metadata NODE_NAME) gets its own node's workloads, the
     /// services they are part of, the waypoints those use and the waypoints' workloads, and
     /// everything else on demand (ztunnel's XDS_ON_DEMAND=true; a wildcard ztunnel never asks
@@ -467,6 +474,8 @@ pub struct Config {
     pub max_stream_age: Option<Duration>,
     /// Streams whose proxy reads nothing for this long are dropped; `None` never.
     pub stream_idle_timeout: Option<Duration>,
+    /// How long a reconnecting proxy keeps names this replica lacks (`--reconnect-removal-grace`).
+    pub reconnect_removal_grace: Duration,
     /// Writes to the cluster (leader election, CA Secrets, root ConfigMaps); cluster mode
     /// only. `None` writes nothing.
     pub writes: Option<crate::kube::writes::ClusterWrites>,
@@ -496,6 +505,7 @@ impl Config {
             debounce: crate::push::Debounce::default(),
             max_stream_age: None,
             stream_idle_timeout: None,
+            reconnect_removal_grace: Duration::ZERO,
             writes: None,
             shutdown_grace: Duration::from_secs(10),
             scope_to_node: false,
@@ -679,6 +689,7 @@ impl TryFrom<ServeArgs> for Config {
             },
             max_stream_age: Some(args.max_connection_age).filter(|a| !a.is_zero()),
             stream_idle_timeout: Some(args.stream_idle_timeout).filter(|i| !i.is_zero()),
+            reconnect_removal_grace: args.reconnect_removal_grace,
             shutdown_grace: args.shutdown_grace,
             scope_to_node: args.scope_to_node,
             mesh_config,

@@ -122,6 +122,9 @@ pub(super) struct Connection {
     /// How long a response may wait for the proxy to read before the stream is dropped.
     pub(super) idle_timeout: Option<Duration>,
     pub(super) max_response_bytes: usize,
+    /// How long a reconnecting wildcard proxy keeps names this replica lacks before they are
+    /// removed (`--reconnect-removal-grace`; see `TypeState::hold_removals`).
+    pub(super) removal_grace: Duration,
     pub(super) scope_to_node: bool,
     pub(super) shutdown: CancellationToken,
 }
@@ -165,6 +168,11 @@ impl Connection {
                     waiting_since = Some(tokio::time::Instant::now());
                 }
                 let idle_deadline = self.idle_timeout.zip(waiting_since).map(|(i, w)| w + i);
+                let removals_due = self
+                    .types
+                    .iter()
+                    .filter_map(|(_, s)| s.removals_due_at())
+                    .min();
                 let outbound = self.outbound.clone();
                 tokio::select! {
                     biased;
@@ -173,6 +181,19 @@ impl Connection {
                     _ = tokio::time::sleep_until(idle_deadline.unwrap_or_else(tokio::time::Instant::now)),
                         if idle_deadline.is_some() => {
                         break End::Idle(self.idle_timeout.unwrap_or_default());
+                    }
+                    _ = tokio::time::sleep_until(removals_due.map_or_else(tokio::time::Instant::now, Into::into)),
+                        if removals_due.is_some() => {
+                        let now = std::time::Instant::now();
+                        let kinds: Vec<TypeKind> = self.types.keys().collect();
+                        for kind in kinds {
+                            if let Some(state) = self.types.get_mut(&kind)
+                                && state.removals_due_at().is_some_and(|at| at <= now)
+                            {
+                                state.removals_woken();
+                                self.dirty.insert(kind);
+                            }
+                        }
                     }
                     message = inbound.next() => match message {
                         Some(Ok((request, known))) => {
@@ -349,6 +370,7 @@ impl Connection {
             RequestKind::Initial(kind) => {
                 let known_count = known.len();
                 let mut state = TypeState::with_known(kind, &request, known);
+                state.hold_removals(self.removal_grace);
                 if let Some(proxy) = &self.proxy {
                     if self.scope_to_node {
                         state.scope_to_node(&proxy.node_name);

@@ -53,6 +53,7 @@ pub struct AdsServer {
     metrics: Arc<Metrics>,
     max_stream_age: Option<Duration>,
     idle_timeout: Option<Duration>,
+    removal_grace: Duration,
     max_response_bytes: usize,
     scope_to_node: bool,
     shutdown: CancellationToken,
@@ -70,6 +71,7 @@ impl AdsServer {
             metrics,
             max_stream_age: None,
             idle_timeout: None,
+            removal_grace: Duration::ZERO,
             max_response_bytes: MAX_RESPONSE_BYTES,
             scope_to_node: false,
             shutdown: CancellationToken::new(),
@@ -132,6 +134,14 @@ impl AdsServer {
     /// response nor acknowledged the last one for `idle`; `None` never.
     pub fn with_idle_timeout(mut self, idle: Option<Duration>) -> Self {
         self.idle_timeout = idle.filter(|i| !i.is_zero());
+        self
+    }
+
+    /// A reconnecting wildcard proxy's names that this replica lacks are removed only if they
+    /// still do not exist `grace` later (zero: with the first response), so a proxy that moves
+    /// to a replica a few events behind the one it left does not lose what was just created.
+    pub fn with_reconnect_removal_grace(mut self, grace: Duration) -> Self {
+        self.removal_grace = grace;
         self
     }
 
@@ -364,6 +374,7 @@ impl AdsServer {
             expires: self.max_stream_age.map(|age| jittered(age, id)),
             idle_timeout: self.idle_timeout,
             max_response_bytes: self.max_response_bytes,
+            removal_grace: self.removal_grace,
             scope_to_node: self.scope_to_node,
             shutdown: self.shutdown.clone(),
         };

@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::discovery::names::TypeKind;
 use crate::discovery::snapshot::{Name, Resource, ResourceMap, Snapshot};
@@ -187,6 +188,24 @@ pub struct TypeState {
     /// On-demand mode: the proxy's node, whose workloads it gets with its first lookup and
     /// from then on (istiod's on-demand answer).
     local_node: Option<String>,
+    /// How long the removal of names a wildcard client held when it connected, and this
+    /// replica does not have, waits ([`TypeState::hold_removals`]).
+    removal_grace: Duration,
+    /// Those names, while their removal waits (boxed: rare, and every stream holds the slot).
+    unconfirmed: Option<Box<Unconfirmed>>,
+}
+
+/// Names a reconnecting client holds that the snapshot it was synced to lacks. A client that
+/// moves from a replica that died to one a few events behind would otherwise be told to remove
+/// what was just created, and be sent it again a moment later: a workload that goes missing
+/// for that moment. Their removal waits until `until`; whatever still does not exist then is
+/// removed.
+#[derive(Clone, Debug)]
+struct Unconfirmed {
+    until: Instant,
+    names: Vec<String>,
+    /// The connection was woken for them (so it stops asking when they are due).
+    due: bool,
 }
 
 /// Why an explicit (on-demand) client's resources are being computed.
@@ -247,7 +266,47 @@ impl TypeState {
             changed: Some(BTreeSet::new()),
             node: None,
             local_node: None,
+            removal_grace: Duration::ZERO,
+            unconfirmed: None,
         }
+    }
+
+    /// A wildcard client's first response removes names it holds that this replica lacks only
+    /// after `grace` (zero: at once), if they still do not exist then ([`Unconfirmed`]).
+    pub fn hold_removals(&mut self, grace: Duration) {
+        self.removal_grace = grace;
+    }
+
+    /// When removals held back at connect are due, until the connection has been woken for
+    /// them ([`TypeState::removals_woken`]).
+    pub fn removals_due_at(&self) -> Option<Instant> {
+        self.unconfirmed
+            .as_ref()
+            .filter(|u| !u.due)
+            .map(|u| u.until)
+    }
+
+    /// The connection woke for the held-back removals: the next [`TypeState::on_snapshot`]
+    /// sends them.
+    pub fn removals_woken(&mut self) {
+        if let Some(unconfirmed) = &mut self.unconfirmed {
+            unconfirmed.due = true;
+        }
+    }
+
+    /// The held-back names that are due and still missing from `snapshot`.
+    fn due_removals(&mut self, snapshot: &Snapshot) -> Vec<String> {
+        let due = self
+            .unconfirmed
+            .as_ref()
+            .is_some_and(|u| u.due || Instant::now() >= u.until);
+        if !due {
+            return Vec::new();
+        }
+        let resources = snapshot.resources(self.kind);
+        let mut names = self.unconfirmed.take().map(|u| u.names).unwrap_or_default();
+        names.retain(|name| resources.get(name.as_str()).is_none());
+        names
     }
 
     /// The answer to the first request: everything subscribed whose version the client does
@@ -255,7 +314,15 @@ impl TypeState {
     pub fn initial(&mut self, snapshot: &Arc<Snapshot>) -> Delta {
         let known = self.known.take().unwrap_or_default();
         if self.subscription.wildcard {
-            self.sync_wildcard_from(snapshot, known.iter())
+            let mut delta = self.sync_wildcard_from(snapshot, known.iter());
+            if !self.removal_grace.is_zero() && !delta.removed.is_empty() {
+                self.unconfirmed = Some(Box::new(Unconfirmed {
+                    until: Instant::now() + self.removal_grace,
+                    names: std::mem::take(&mut delta.removed),
+                    due: false,
+                }));
+            }
+            delta
         } else {
             self.held.extend(
                 known
@@ -332,8 +399,12 @@ impl TypeState {
         let Some(synced) = self.synced.clone() else {
             return self.sync_wildcard(snapshot);
         };
+        let due = self.due_removals(snapshot);
         if synced.generation == snapshot.generation {
-            return Delta::default();
+            return Delta {
+                resources: Vec::new(),
+                removed: due,
+            };
         }
         self.note(snapshot);
         let resources = snapshot.resources(self.kind);
@@ -362,6 +433,12 @@ impl TypeState {
             }
         };
         self.synced = Some(snapshot.clone());
+        let mut delta = delta;
+        if !due.is_empty() {
+            delta.removed.extend(due);
+            delta.removed.sort();
+            delta.removed.dedup();
+        }
         delta
     }
 

@@ -445,6 +445,57 @@ async fn streams_end_at_their_maximum_age_and_reconnects_resend_nothing() {
     running.stop().await;
 }
 
+/// A proxy that reconnects holding names this replica does not have yet (it left a replica a
+/// few events ahead) keeps them for `--reconnect-removal-grace`: one that appears meanwhile is
+/// sent, and one that still does not exist when the grace ends is removed then.
+#[tokio::test]
+async fn a_reconnect_keeps_names_this_replica_lacks_until_the_grace_ends() {
+    let mesh = mesh();
+    let mut config = ambientd::config::Config::local(mesh.root());
+    config.reconnect_removal_grace = Duration::from_millis(1500);
+    let running = ambientd::app::start(config).await.expect("start");
+    let mut first = XdsClient::connect(&running).await;
+    first.subscribe_wildcard(BTreeMap::new()).await;
+    let (initial, _) = first.initial_sync().await;
+    let (late, ghost) = ("Kubernetes//Pod/demo/web-3", "Kubernetes//Pod/demo/ghost");
+    let mut held = versions(&initial);
+    held.insert(late.into(), "0".into());
+    held.insert(ghost.into(), "0".into());
+
+    let mut second = XdsClient::connect(&running).await;
+    let connected = std::time::Instant::now();
+    second.subscribe_wildcard(held).await;
+    let (addresses, _) = second.initial_sync().await;
+    assert!(
+        addresses.resources.is_empty() && addresses.removed_resources.is_empty(),
+        "the first response sends and removes nothing: {:?} / {:?}",
+        names(&addresses),
+        addresses.removed_resources
+    );
+
+    // The late pod arrives within the grace: it is sent, never removed.
+    mesh.write("pods/web-3.yaml", &pod("web-3", "10.244.1.12", "web", "v1"));
+    let mut sent = Vec::new();
+    let mut removed = Vec::new();
+    while removed.is_empty() {
+        let response = second
+            .try_recv(Duration::from_secs(10))
+            .await
+            .expect("the ghost's removal once the grace ends");
+        second.ack(&response).await;
+        sent.extend(names(&response));
+        removed.extend(response.removed_resources);
+    }
+    assert!(
+        connected.elapsed() >= Duration::from_millis(1500),
+        "removed after {:?}, before the grace ended",
+        connected.elapsed()
+    );
+    assert_eq!(removed, vec![ghost.to_string()]);
+    assert!(sent.iter().any(|name| name == late), "sent {sent:?}");
+    running.stop().await;
+}
+
 /// A proxy that stops reading: the others keep receiving every change promptly, and the stuck
 /// stream is dropped after the idle timeout instead of buffering without bound.
 /// ztunnel pings every 30 s; a client pinging far more often (every 50 ms) is answered and

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::discovery::model::{Kind, ObjectRef, PodFields, Service};
 use crate::discovery::names::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
@@ -274,6 +275,51 @@ fn wildcard_initial_with_initial_resource_versions() {
         let delta = state.initial(&snapshot);
         assert_eq!(summary(&delta), (sent, removed), "{case}");
     }
+}
+
+#[test]
+fn a_reconnect_keeps_names_this_replica_lacks_until_the_grace_ends() {
+    let mut index = cluster();
+    let snapshot = index.snapshot();
+    let (late, gone) = (uid(NS, "late"), uid(NS, "gone"));
+    let mut held = current_versions(&snapshot);
+    held.insert(late.clone(), "1".into());
+    held.insert(gone.clone(), "1".into());
+    let req = DeltaDiscoveryRequest {
+        initial_resource_versions: held,
+        ..request(&[], &[])
+    };
+    let mut state = TypeState::new(TypeKind::Address, &req);
+    state.hold_removals(Duration::from_millis(30));
+    assert_delta(&state.initial(&snapshot), NONE, NONE);
+    let due = state.removals_due_at().expect("removals held back");
+
+    // This replica catches up within the grace: the late pod is sent, nothing removed.
+    index.apply(Object::Pod(pod(NS, "late", "10.0.0.8").into()));
+    assert_delta(
+        &state.on_snapshot(&index.snapshot()),
+        &[late.as_str()],
+        NONE,
+    );
+    assert_eq!(state.removals_due_at(), Some(due));
+
+    // Once due, what still does not exist is removed, with no new snapshot needed.
+    std::thread::sleep(due.saturating_duration_since(Instant::now()));
+    state.removals_woken();
+    assert_eq!(state.removals_due_at(), None, "woken once");
+    let current = state.synced().unwrap().clone();
+    assert_delta(&state.on_snapshot(&current), NONE, &[gone.as_str()]);
+    assert!(state.on_snapshot(&current).is_empty());
+
+    // Without a grace the removal is in the first response, as before.
+    let mut state = TypeState::new(TypeKind::Address, &req);
+    state.hold_removals(Duration::ZERO);
+    assert_delta(
+        &state.initial(&snapshot),
+        NONE,
+        &[gone.as_str(), late.as_str()],
+    );
+    assert_eq!(state.removals_due_at(), None);
 }
 
 #[test]
