@@ -20,7 +20,10 @@ use crate::push::outbound::{Outbound, Slot};
 use crate::push::registry::{ClientView, Handle, Pending, TypeStatus};
 use crate::push::response::Outgoing;
 use crate::push::server::Inbound;
-use crate::push::subscription::{Delta, RequestKind, TypeState, classify, split};
+use crate::push::subscription::{
+    Delta, MAX_SUBSCRIBED_NAMES, RequestKind, TypeState, classify, initial_names, split,
+    too_many_names,
+};
 
 /// Who is on the other end, from the node in the first request.
 #[derive(Clone, Debug, Default)]
@@ -348,6 +351,10 @@ impl Connection {
             }
             RequestKind::Initial(kind) => {
                 let known_count = known.len();
+                let names = initial_names(&request, known_count);
+                if names > MAX_SUBSCRIBED_NAMES {
+                    return Err(self.too_many_names(kind, names));
+                }
                 let mut state = TypeState::with_known(kind, &request, known);
                 if let Some(proxy) = &self.proxy {
                     if self.scope_to_node {
@@ -420,6 +427,15 @@ impl Connection {
         {
             return Ok(());
         }
+        let Some(state) = self.types.get(&kind) else {
+            return Ok(());
+        };
+        let would_hold = state
+            .subscription
+            .would_hold(&request.resource_names_subscribe);
+        if would_hold > MAX_SUBSCRIBED_NAMES {
+            return Err(self.too_many_names(kind, would_hold));
+        }
         let Some(state) = self.types.get_mut(&kind) else {
             return Ok(());
         };
@@ -435,6 +451,15 @@ impl Connection {
             .get_or_create(&TypeLabel::named("request"))
             .inc();
         self.send_timed(kind, snapshot, delta, started, None).await
+    }
+
+    /// Ends the stream: a request would subscribe it to more than [`MAX_SUBSCRIBED_NAMES`].
+    fn too_many_names(&self, kind: TypeKind, would_hold: usize) -> End {
+        self.metrics.record_xds_refused("subscribed_names");
+        End::Error(Status::resource_exhausted(too_many_names(
+            kind.type_url(),
+            would_hold,
+        )))
     }
 
     /// Brings dirty types up to date with the newest snapshot, Address first; `slot` is room

@@ -27,6 +27,7 @@ mod kube_fake_writes;
 mod kube_leader;
 mod kube_token_review;
 mod kube_writes;
+mod overload;
 mod replicas;
 mod route_status;
 mod shutdown;

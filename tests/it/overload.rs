@@ -1,0 +1,471 @@
+//! Overload: every limit (docs/xds.md and docs/ca.md, "Limits") at its value (served) and just
+//! past it (refused with a gRPC status that names the limit), and a CSR flood from one caller
+//! refused beyond its share while another caller is served. Figures are in the scale harness
+//! (T9) and `benches/ca.rs`, BENCHMARKS.md "Overload".
+
+use crate::support::ca as ca_support;
+use crate::support::common as support;
+
+use std::sync::Arc;
+
+use ambientd::ca::limit::CsrLimits;
+use ambientd::ca::service::MAX_CSR_REQUEST_BYTES;
+use ambientd::ca::{CaConfig, PodInfo, StaticPods};
+use ambientd::discovery::{ADDRESS_TYPE, AUTHORIZATION_TYPE, Settings};
+use ambientd::pb::istio::v1::auth::IstioCertificateRequest;
+use ambientd::pb::istio::v1::auth::istio_certificate_service_client::IstioCertificateServiceClient;
+use ambientd::pb::xds::DeltaDiscoveryRequest;
+use ambientd::push::route::MAX_REQUEST_BYTES;
+use ambientd::push::subscription::MAX_SUBSCRIBED_NAMES;
+use prost::Message;
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+
+const WEB: &str = "spiffe://cluster.local/ns/demo/sa/web";
+const DB: &str = "spiffe://cluster.local/ns/demo/sa/db";
+
+// ---------------------------------------------------------------------------------------------
+// The CA on 15012
+
+struct Ca {
+    _dir: tempfile::TempDir,
+    client: IstioCertificateServiceClient<tonic::transport::Channel>,
+    /// ztunnel on node-a (may ask for `web`) and on node-b (may ask for `db`).
+    token_a: String,
+    token_b: String,
+    metrics: Arc<ambientd::metrics::Metrics>,
+    shutdown: CancellationToken,
+    _snapshots: tokio::sync::watch::Sender<Option<Arc<ambientd::discovery::Snapshot>>>,
+}
+
+impl Drop for Ca {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+async fn start_ca(limits: CsrLimits) -> Ca {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_dir = dir.path().join("ca");
+    let mut config = CaConfig::local(&ca_dir);
+    config.csr_limits = limits;
+    let metrics = config.metrics.clone();
+    let mut pods = StaticPods::default();
+    let pod = |sa: &str, node: &str| PodInfo {
+        service_account: sa.into(),
+        node: node.into(),
+        uid: None,
+    };
+    pods.insert("demo", "web-1", pod("web", "node-a"));
+    pods.insert("demo", "db-1", pod("db", "node-b"));
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    let ads = ambientd::push::AdsServer::new(
+        rx,
+        Arc::new(ambientd::push::Registry::default()),
+        Arc::new(ambientd::metrics::Metrics::new()),
+    )
+    .into_service();
+    let shutdown = CancellationToken::new();
+    let server = ambientd::ca::start(
+        &config,
+        &Settings::default(),
+        ads,
+        Arc::new(pods),
+        shutdown.clone(),
+    )
+    .await
+    .expect("start the CA");
+    let address = server.address;
+    tokio::spawn(server.serve());
+    let tls = ca_support::ztunnel_tls(&config.root_cert_path());
+    let channel = ca_support::channel(address, tls, ca_support::ISTIOD)
+        .await
+        .expect("connect");
+    let token =
+        |node| ca_support::local_token(&ca_dir, "istio-system", "ztunnel", None, Some(node));
+    Ca {
+        token_a: token("node-a"),
+        token_b: token("node-b"),
+        _dir: dir,
+        client: IstioCertificateServiceClient::new(channel),
+        metrics,
+        shutdown,
+        _snapshots: tx,
+    }
+}
+
+/// ztunnel on node-a asking for `web`'s certificate.
+fn web_request(ca: &Ca) -> tonic::Request<IstioCertificateRequest> {
+    let (_key, csr) = ca_support::ztunnel_csr(WEB);
+    ca_support::csr_request(&csr, Some(&ca.token_a), Some(WEB))
+}
+
+/// A metric's value in the Prometheus text, `None` if the series is absent.
+fn metric(metrics: &ambientd::metrics::Metrics, series: &str) -> Option<f64> {
+    metrics
+        .encode()
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+}
+
+/// One caller sends 200 CSRs at once: beyond its 4 in flight each is refused at once with
+/// `RESOURCE_EXHAUSTED` saying why and when to retry, counted in `ambientd_csr_refused`;
+/// another caller is served during the flood; and once the flood is over the flooding caller
+/// is served again.
+#[tokio::test]
+async fn a_csr_flood_from_one_caller_is_refused_beyond_its_share() {
+    let ca = start_ca(CsrLimits::new(4, 64, 1)).await;
+    let flood: Vec<_> = (0..200)
+        .map(|_| {
+            let mut client = ca.client.clone();
+            let request = web_request(&ca);
+            tokio::spawn(async move { client.create_certificate(request).await })
+        })
+        .collect();
+    // Another ztunnel, during the flood.
+    let (_key, csr) = ca_support::ztunnel_csr(DB);
+    let mut client = ca.client.clone();
+    let other =
+        client.create_certificate(ca_support::csr_request(&csr, Some(&ca.token_b), Some(DB)));
+    let other = tokio::time::timeout(ca_support::WAIT, other)
+        .await
+        .expect("the other caller's CSR timed out");
+    assert!(other.is_ok(), "the other caller was refused: {other:?}");
+
+    let (mut signed, mut refused) = (0, 0);
+    for task in flood {
+        match tokio::time::timeout(ca_support::WAIT, task)
+            .await
+            .expect("a flood CSR timed out")
+            .unwrap()
+        {
+            Ok(response) => {
+                assert_eq!(response.into_inner().cert_chain.len(), 2);
+                signed += 1;
+            }
+            Err(status) => {
+                assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                assert!(
+                    status.message().contains("4, the limit per caller")
+                        && status.message().contains("retry"),
+                    "{}",
+                    status.message()
+                );
+                refused += 1;
+            }
+        }
+    }
+    assert!(signed >= 4, "only {signed} signed");
+    assert!(
+        refused > 0,
+        "nothing refused: the flood was never over 4 in flight"
+    );
+    assert_eq!(signed + refused, 200);
+    assert_eq!(
+        metric(&ca.metrics, "ambientd_csr_refused{reason=\"caller\"}"),
+        Some(refused as f64)
+    );
+    assert_eq!(
+        metric(&ca.metrics, "citadel_server_success_cert_issuance_count"),
+        Some(signed as f64 + 1.0)
+    );
+    // Over: the caller is served again.
+    let again = ca.client.clone().create_certificate(web_request(&ca)).await;
+    assert!(again.is_ok(), "{again:?}");
+}
+
+/// The CA's limit on requests in flight from every caller together.
+#[tokio::test]
+async fn the_cas_total_limit_refuses_every_caller_with_its_own_message() {
+    let ca = start_ca(CsrLimits::new(100, 2, 1)).await;
+    let flood: Vec<_> = (0..100)
+        .map(|i| {
+            let mut client = ca.client.clone();
+            let request = if i % 2 == 0 {
+                web_request(&ca)
+            } else {
+                let (_key, csr) = ca_support::ztunnel_csr(DB);
+                ca_support::csr_request(&csr, Some(&ca.token_b), Some(DB))
+            };
+            tokio::spawn(async move { client.create_certificate(request).await })
+        })
+        .collect();
+    let mut refused = 0;
+    for task in flood {
+        if let Err(status) = task.await.unwrap() {
+            assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+            assert!(
+                status
+                    .message()
+                    .contains("the CA has 2 certificate requests in flight"),
+                "{}",
+                status.message()
+            );
+            refused += 1;
+        }
+    }
+    assert!(refused > 0, "nothing refused");
+    assert_eq!(
+        metric(&ca.metrics, "ambientd_csr_refused{reason=\"total\"}"),
+        Some(refused as f64)
+    );
+}
+
+/// A CSR request of exactly `MAX_CSR_REQUEST_BYTES` is signed; one byte more is refused with
+/// `OUT_OF_RANGE` (tonic's decoder) naming the limit, before it is authenticated.
+#[tokio::test]
+async fn a_csr_request_at_the_size_limit_is_served_and_over_it_refused() {
+    let ca = start_ca(CsrLimits::default()).await;
+    let sized = |bytes: usize| {
+        let mut request = web_request(&ca);
+        // Trailing newlines after the PEM block: still the same CSR.
+        let base = request.get_ref().encoded_len();
+        request.get_mut().csr.push_str(&"\n".repeat(bytes - base));
+        // The field's length prefix may have grown by a byte or two.
+        while request.get_ref().encoded_len() > bytes {
+            request.get_mut().csr.pop();
+        }
+        assert_eq!(request.get_ref().encoded_len(), bytes);
+        request
+    };
+    let served = ca
+        .client
+        .clone()
+        .create_certificate(sized(MAX_CSR_REQUEST_BYTES))
+        .await;
+    assert!(served.is_ok(), "{served:?}");
+    let refused = ca
+        .client
+        .clone()
+        .create_certificate(sized(MAX_CSR_REQUEST_BYTES + 1))
+        .await
+        .unwrap_err();
+    // tonic's decoder says OUT_OF_RANGE.
+    assert_eq!(refused.code(), Code::OutOfRange, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .contains(&MAX_CSR_REQUEST_BYTES.to_string()),
+        "{}",
+        refused.message()
+    );
+}
+
+/// Headers: a request whose header block fits the 16 KiB limit is served; a larger one is
+/// refused before any handler runs (HTTP 431, which the gRPC client reports with that status).
+#[tokio::test]
+async fn request_headers_over_the_limit_are_refused() {
+    let ca = start_ca(CsrLimits::default()).await;
+    let with_header = |bytes: usize| {
+        let mut request = web_request(&ca);
+        request
+            .metadata_mut()
+            .insert("x-padding", "x".repeat(bytes).parse().unwrap());
+        request
+    };
+    let served = ca
+        .client
+        .clone()
+        .create_certificate(with_header(12 * 1024))
+        .await;
+    assert!(served.is_ok(), "{served:?}");
+    let refused = ca
+        .client
+        .clone()
+        .create_certificate(with_header(17 * 1024))
+        .await
+        .unwrap_err();
+    assert!(
+        refused.message().contains("431"),
+        "{:?}: {}",
+        refused.code(),
+        refused.message()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Delta ADS on 15010
+
+/// A wildcard initial request of exactly `bytes` encoded bytes: padded with the version of one
+/// known resource the server does not have.
+fn request_of(bytes: usize) -> DeltaDiscoveryRequest {
+    let mut request = DeltaDiscoveryRequest {
+        node: Some(support::ztunnel_node("node-a")),
+        type_url: ADDRESS_TYPE.to_string(),
+        ..Default::default()
+    };
+    let base = request.encoded_len();
+    let mut version = "0".repeat(bytes - base - 32);
+    loop {
+        request.initial_resource_versions =
+            [("Kubernetes//Pod/demo/padding".to_string(), version.clone())].into();
+        let len = request.encoded_len();
+        if len == bytes {
+            return request;
+        }
+        if len < bytes {
+            version.push('0');
+        } else {
+            version.pop();
+        }
+    }
+}
+
+/// A DeltaDiscoveryRequest of exactly `MAX_REQUEST_BYTES` (64 MiB) is served; one byte more
+/// ends the stream with `RESOURCE_EXHAUSTED` naming the limit.
+#[tokio::test]
+async fn an_xds_request_at_the_size_limit_is_served_and_over_it_refused() {
+    let mesh = crate::support::xds::mesh();
+    let running = support::start(mesh.root()).await;
+
+    let mut at = support::XdsClient::connect(&running).await;
+    at.send(request_of(MAX_REQUEST_BYTES)).await;
+    let response = at.recv().await;
+    assert_eq!(response.type_url, ADDRESS_TYPE);
+    assert!(!response.resources.is_empty());
+    // The padding resource, unknown to the server, is removed.
+    assert!(
+        response
+            .removed_resources
+            .contains(&"Kubernetes//Pod/demo/padding".to_string()),
+        "{:?}",
+        response.removed_resources
+    );
+    drop(at);
+
+    let mut over = support::XdsClient::connect(&running).await;
+    over.send(request_of(MAX_REQUEST_BYTES + 1)).await;
+    let status = match over.next().await {
+        Err(status) => status,
+        other => panic!("expected the stream to end with a status, got {other:?}"),
+    };
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains(&MAX_REQUEST_BYTES.to_string()),
+        "{}",
+        status.message()
+    );
+    running.stop().await;
+}
+
+/// On-demand names, `count` of them starting at `from`, that name nothing in the mesh (as a
+/// ztunnel's lookups of addresses outside it).
+fn names(from: usize, count: usize) -> Vec<String> {
+    (from..from + count)
+        .map(|i| format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255))
+        .collect()
+}
+
+/// An on-demand first request: `subscribe: [*, names…], unsubscribe: [*]`.
+fn on_demand(subscribe: Vec<String>) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        node: Some(support::ztunnel_node("node-a")),
+        type_url: ADDRESS_TYPE.to_string(),
+        resource_names_subscribe: [vec!["*".to_string()], subscribe].concat(),
+        resource_names_unsubscribe: vec!["*".to_string()],
+        ..Default::default()
+    }
+}
+
+fn assert_too_many_names(status: &tonic::Status, would_hold: usize) {
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    let message = status.message();
+    assert!(
+        message.contains(&format!("{would_hold} names"))
+            && message.contains(&format!("limit of {MAX_SUBSCRIBED_NAMES} per stream")),
+        "{message}"
+    );
+}
+
+/// A stream may subscribe to `MAX_SUBSCRIBED_NAMES` on-demand names, in one request or in
+/// increments, and each request is answered; a request that would take it past the limit ends
+/// the stream with `RESOURCE_EXHAUSTED` naming the limit, counted in
+/// `ambientd_xds_refused`. A first request over the limit is refused the same way.
+#[tokio::test]
+async fn subscribed_names_are_capped_per_stream() {
+    let mesh = crate::support::xds::mesh();
+    let running = support::start(mesh.root()).await;
+    let refused = |running: &ambientd::app::Running| {
+        metric(
+            &running.metrics,
+            "ambientd_xds_refused{reason=\"subscribed_names\"}",
+        )
+    };
+
+    // In one request: at the limit.
+    let mut client = support::XdsClient::connect(&running).await;
+    client.send(on_demand(names(0, MAX_SUBSCRIBED_NAMES))).await;
+    let first = client.recv().await;
+    assert_eq!(first.type_url, ADDRESS_TYPE);
+    client.ack(&first).await;
+    // A name already held does not count again; a new one is one too many.
+    client.look_up(&names(0, 1)[0]).await;
+    let again = client.recv().await;
+    client.ack(&again).await;
+    client.look_up("10.250.0.1").await;
+    let status = loop {
+        match client.next().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended without a status"),
+            Err(status) => break status,
+        }
+    };
+    assert_too_many_names(&status, MAX_SUBSCRIBED_NAMES + 1);
+    assert_eq!(refused(&running), Some(1.0));
+
+    // In increments of 25,000: each answered, then one request too many.
+    let mut client = support::XdsClient::connect(&running).await;
+    client.send(on_demand(Vec::new())).await;
+    let first = client.recv().await;
+    client.ack(&first).await;
+    let step = MAX_SUBSCRIBED_NAMES / 4;
+    for i in 0..4 {
+        client
+            .send(DeltaDiscoveryRequest {
+                type_url: ADDRESS_TYPE.to_string(),
+                resource_names_subscribe: names(i * step, step),
+                ..Default::default()
+            })
+            .await;
+        let response = client.recv().await;
+        client.ack(&response).await;
+    }
+    client
+        .send(DeltaDiscoveryRequest {
+            type_url: ADDRESS_TYPE.to_string(),
+            resource_names_subscribe: names(MAX_SUBSCRIBED_NAMES - 10, 20),
+            ..Default::default()
+        })
+        .await;
+    let status = loop {
+        match client.next().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended without a status"),
+            Err(status) => break status,
+        }
+    };
+    assert_too_many_names(&status, MAX_SUBSCRIBED_NAMES + 10);
+
+    // A first request over the limit; the Authorization type has its own count.
+    let mut client = support::XdsClient::connect(&running).await;
+    client
+        .send(DeltaDiscoveryRequest {
+            node: Some(support::ztunnel_node("node-a")),
+            type_url: AUTHORIZATION_TYPE.to_string(),
+            ..Default::default()
+        })
+        .await;
+    client
+        .send(on_demand(names(0, MAX_SUBSCRIBED_NAMES + 1)))
+        .await;
+    let status = loop {
+        match client.next().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended without a status"),
+            Err(status) => break status,
+        }
+    };
+    assert_too_many_names(&status, MAX_SUBSCRIBED_NAMES + 1);
+    assert_eq!(refused(&running), Some(3.0));
+    running.stop().await;
+}
