@@ -275,12 +275,8 @@ async fn request_headers_over_the_limit_are_refused() {
         .create_certificate(with_header(17 * 1024))
         .await
         .unwrap_err();
-    assert!(
-        refused.message().contains("431"),
-        "{:?}: {}",
-        refused.code(),
-        refused.message()
-    );
+    assert_eq!(refused.code(), Code::Unknown, "{refused:?}");
+    assert!(refused.message().contains("431"), "{}", refused.message());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -467,5 +463,61 @@ async fn subscribed_names_are_capped_per_stream() {
     };
     assert_too_many_names(&status, MAX_SUBSCRIBED_NAMES + 1);
     assert_eq!(refused(&running), Some(3.0));
+    running.stop().await;
+}
+
+/// A proxy that reads nothing is dropped after the idle timeout even when nothing changes: its
+/// unread, unanswered responses (the initial sync, megabytes in a large mesh, held in HTTP/2's
+/// buffers) are not held for the stream's life. A proxy that reads and answers stays.
+#[tokio::test]
+async fn a_proxy_that_reads_nothing_is_dropped_without_any_change() {
+    use crate::support::xds::pod;
+    // Enough pods that the initial response overflows the stuck client's window: the proxy
+    // neither reads it nor answers it.
+    let mesh = crate::support::xds::bulk_mesh();
+    let mut config = ambientd::config::Config::local(mesh.root());
+    config.stream_idle_timeout = Some(Duration::from_millis(500));
+    let running = ambientd::app::start(config).await.expect("start");
+    let mut snapshots = running.snapshots.clone();
+    tokio::time::timeout(support::WAIT, snapshots.wait_for(Option::is_some))
+        .await
+        .expect("not ready in time")
+        .unwrap();
+    let mut healthy = support::XdsClient::connect(&running).await;
+    healthy
+        .subscribe_wildcard(std::collections::BTreeMap::new())
+        .await;
+    healthy.initial_sync().await;
+    // A 64 KiB window: the initial response (over 64 KiB) stalls at once.
+    let stuck = support::XdsClient::connect_with_window(&running, Some(65_535)).await;
+    stuck
+        .subscribe_wildcard(std::collections::BTreeMap::new())
+        .await;
+    let deadline = tokio::time::Instant::now() + support::WAIT;
+    while running.registry.len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stuck stream never registered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let started = tokio::time::Instant::now();
+    while running.registry.len() > 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stuck stream was never dropped ({} streams)",
+            running.registry.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "dropped before the idle timeout"
+    );
+    // The healthy stream is still served.
+    mesh.write("pods/db.yaml", &pod("db-1", "10.244.1.20", "db", "v9"));
+    let update = healthy.recv().await;
+    assert_eq!(support::names(&update), vec![crate::support::xds::DB_1]);
+    drop(stuck);
     running.stop().await;
 }
