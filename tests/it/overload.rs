@@ -472,6 +472,7 @@ async fn subscribed_names_are_capped_per_stream() {
 #[tokio::test]
 async fn a_proxy_that_reads_nothing_is_dropped_without_any_change() {
     use crate::support::xds::pod;
+    use std::time::Duration;
     // Enough pods that the initial response overflows the stuck client's window: the proxy
     // neither reads it nor answers it.
     let mesh = crate::support::xds::bulk_mesh();
