@@ -176,23 +176,23 @@ impl Connection {
                     _ = &mut expiry, if self.expires.is_some() => break End::Expired,
                     _ = tokio::time::sleep_until(idle_deadline.unwrap_or_else(tokio::time::Instant::now)),
                         if idle_deadline.is_some() => {
-                        if !self.stalled() {
-                            // The queued response was taken meanwhile, and nothing waits.
-                            waiting_since = None;
-                            continue;
+                        // Unless what waited was taken or answered meanwhile (the loop then
+                        // starts over).
+                        if self.stalled() {
+                            break End::Idle(self.idle_timeout.unwrap_or_default());
                         }
-                        break End::Idle(self.idle_timeout.unwrap_or_default());
                     }
                     message = inbound.next() => match message {
                         Some(Ok((request, known))) => {
-                            // An answer (ACK or NACK) shows the proxy reads its responses.
-                            if !request.response_nonce.is_empty() {
-                                waiting_since = None;
-                            }
+                            let answered = self.answered();
                             // Boxed (as `push_dirty` below): awaited inline, their state would
                             // sit in every idle connection's task.
                             if let Err(end) = Box::pin(self.on_request(request, known)).await {
                                 break end;
+                            }
+                            // An answer (ACK or NACK) shows the proxy reads its responses.
+                            if self.answered() > answered {
+                                waiting_since = None;
                             }
                         }
                         None => break End::Closed,
@@ -246,6 +246,8 @@ impl Connection {
                 self.outbound.end_with(closing());
             }
             End::Idle(idle) => {
+                // What HTTP/2 has not taken yet is freed now, not when the connection goes.
+                self.outbound.abandon();
                 warn!(
                     proxy,
                     ?idle,
@@ -295,6 +297,13 @@ impl Connection {
                 .types
                 .iter()
                 .any(|(_, state)| !state.in_flight.is_empty())
+    }
+
+    /// Responses the proxy has answered (ACK or NACK), about: those sent less those awaiting
+    /// an answer.
+    fn answered(&self) -> u64 {
+        let unanswered: usize = self.types.iter().map(|(_, s)| s.in_flight.len()).sum();
+        self.sent.saturating_sub(unanswered as u64)
     }
 
     fn can_push(&self) -> bool {
@@ -610,7 +619,7 @@ impl Connection {
                 resources: &part.resources,
                 removed: &part.removed,
             }
-            .frame();
+            .pieces();
             let bytes: usize = part.resources.iter().map(|r| r.value_len()).sum();
             if let Some(state) = self.types.get_mut(&kind) {
                 state.last_nonce = nonce;
