@@ -7,9 +7,10 @@
 //! [`CsrLimits::total`]; anything more is refused at once with `RESOURCE_EXHAUSTED` and a
 //! message that says which limit and when to retry (ztunnel's CA client retries failed
 //! requests with backoff). Admitted requests are signed on the blocking pool, at most
-//! [`CsrLimits::signers`] at a time, in arrival order: a caller behind a flood waits for at
-//! most `per_caller` of the flood's signatures, and the runtime's workers, which also serve
-//! every xDS stream, are never held by signing.
+//! [`CsrLimits::signers`] at a time, and each caller's one at a time: callers take turns in
+//! arrival order, so a caller behind a flood waits for about one of the flood's signatures,
+//! not for the flood, and the runtime's workers, which also serve every xDS stream, are never
+//! held by signing.
 //!
 //! A caller is the authenticated identity together with the pod or node its token is bound to:
 //! every ztunnel authenticates as the same service account, and each must have its own share.
@@ -44,7 +45,14 @@ pub struct CsrLimits {
 #[derive(Debug, Default)]
 struct InFlight {
     total: usize,
-    by_caller: HashMap<String, usize>,
+    by_caller: HashMap<String, CallerState>,
+}
+
+/// One caller's requests in flight, and its turn at signing (one at a time).
+#[derive(Debug)]
+struct CallerState {
+    in_flight: usize,
+    turn: Arc<Semaphore>,
 }
 
 /// Why a request was not admitted.
@@ -76,6 +84,7 @@ impl Refusal {
 pub struct Admitted<'a> {
     limits: &'a CsrLimits,
     key: String,
+    turn: Arc<Semaphore>,
 }
 
 impl Default for CsrLimits {
@@ -121,17 +130,28 @@ impl CsrLimits {
         if state.total >= self.total {
             return Err(Refusal::Total { limit: self.total });
         }
-        let mine = state.by_caller.get(key).copied().unwrap_or(0);
-        if mine >= self.per_caller {
+        if state
+            .by_caller
+            .get(key)
+            .is_some_and(|caller| caller.in_flight >= self.per_caller)
+        {
             return Err(Refusal::Caller {
                 limit: self.per_caller,
             });
         }
         state.total += 1;
-        state.by_caller.insert(key.to_string(), mine + 1);
+        let caller = state
+            .by_caller
+            .entry(key.to_string())
+            .or_insert_with(|| CallerState {
+                in_flight: 0,
+                turn: Arc::new(Semaphore::new(1)),
+            });
+        caller.in_flight += 1;
         Ok(Admitted {
             limits: self,
             key: key.to_string(),
+            turn: caller.turn.clone(),
         })
     }
 
@@ -147,11 +167,13 @@ impl CsrLimits {
 }
 
 impl Admitted<'_> {
-    /// Runs `sign` on the blocking pool once a signer is free (in arrival order).
+    /// Runs `sign` on the blocking pool once it is this caller's turn and a signer is free
+    /// (both in arrival order).
     pub async fn sign<T: Send + 'static>(
         &self,
         sign: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, String> {
+        let _turn = self.turn.acquire().await.map_err(|e| e.to_string())?;
         let _permit = self
             .limits
             .signing
@@ -169,9 +191,9 @@ impl Drop for Admitted<'_> {
     fn drop(&mut self) {
         let mut state = self.limits.state.lock().expect("not poisoned");
         state.total -= 1;
-        if let Some(count) = state.by_caller.get_mut(&self.key) {
-            *count -= 1;
-            if *count == 0 {
+        if let Some(caller) = state.by_caller.get_mut(&self.key) {
+            caller.in_flight -= 1;
+            if caller.in_flight == 0 {
                 state.by_caller.remove(&self.key);
             }
         }
@@ -226,5 +248,34 @@ mod tests {
             result.unwrap();
         }
         assert_eq!(most.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    /// Two signers, one caller with many requests: its requests are signed one at a time, so
+    /// another caller's request, arriving after all of them, is signed next, not last.
+    #[tokio::test]
+    async fn callers_take_turns() {
+        let limits = CsrLimits::new(16, 32, 2);
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let flood: Vec<_> = (0..8).map(|_| limits.admit("flood").unwrap()).collect();
+        let other = limits.admit("other").unwrap();
+        type Order = Arc<std::sync::Mutex<Vec<&'static str>>>;
+        async fn job(admitted: &Admitted<'_>, name: &'static str, order: Order) {
+            admitted
+                .sign(move || {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    order.lock().unwrap().push(name);
+                })
+                .await
+                .unwrap();
+        }
+        let mut jobs: Vec<_> = flood
+            .iter()
+            .map(|a| Box::pin(job(a, "flood", order.clone())))
+            .collect();
+        jobs.push(Box::pin(job(&other, "other", order.clone())));
+        futures::future::join_all(jobs).await;
+        let order = order.lock().unwrap();
+        let at = order.iter().position(|n| *n == "other").unwrap();
+        assert!(at <= 1, "the other caller was signed at {at}: {order:?}");
     }
 }
