@@ -29,6 +29,7 @@ const DB: &str = "spiffe://cluster.local/ns/demo/sa/db";
 
 struct Ca {
     _dir: tempfile::TempDir,
+    channel: tonic::transport::Channel,
     client: IstioCertificateServiceClient<tonic::transport::Channel>,
     /// ztunnel on node-a (may ask for `web`) and on node-b (may ask for `db`).
     token_a: String,
@@ -87,7 +88,8 @@ async fn start_ca(limits: CsrLimits) -> Ca {
         token_a: token("node-a"),
         token_b: token("node-b"),
         _dir: dir,
-        client: IstioCertificateServiceClient::new(channel),
+        client: IstioCertificateServiceClient::new(channel.clone()),
+        channel,
         metrics,
         shutdown,
         _snapshots: tx,
@@ -521,4 +523,40 @@ async fn a_proxy_that_reads_nothing_is_dropped_without_any_change() {
     assert_eq!(support::names(&update), vec![crate::support::xds::DB_1]);
     drop(stuck);
     running.stop().await;
+}
+
+/// On 15012 the guard reads the first request's length before its node: a request over the
+/// ADS limit is refused there, with the same status.
+#[tokio::test]
+async fn an_xds_request_over_the_size_limit_is_refused_on_15012_too() {
+    use ambientd::pb::xds::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+    let ca = start_ca(CsrLimits::default()).await;
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(request_of(MAX_REQUEST_BYTES + 1)).await.unwrap();
+    let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {}", ca.token_a).parse().unwrap(),
+    );
+    let mut client = AggregatedDiscoveryServiceClient::new(ca.channel.clone());
+    let opened = tokio::time::timeout(ca_support::WAIT, client.delta_aggregated_resources(request))
+        .await
+        .expect("no answer in time");
+    let status = match opened {
+        Err(status) => status,
+        Ok(response) => {
+            let mut responses = response.into_inner();
+            tokio::time::timeout(ca_support::WAIT, responses.message())
+                .await
+                .expect("no status in time")
+                .expect_err("the request was not refused")
+        }
+    };
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains(&MAX_REQUEST_BYTES.to_string()),
+        "{}",
+        status.message()
+    );
+    drop(tx);
 }
