@@ -147,8 +147,11 @@ impl Connection {
         let expiry = tokio::time::sleep(self.expires.unwrap_or(Duration::MAX));
         tokio::pin!(expiry);
         // Since when something has waited for the proxy ([`Connection::stalled`]) with no
-        // progress: reset when a response goes into the outbound queue or the proxy answers one.
+        // progress, and how many pieces the encoder had taken then. Progress: a response goes
+        // into the outbound queue, the proxy answers one, or it reads a piece (a slow initial
+        // sync, in a storm, is progress however long it takes).
         let mut waiting_since: Option<tokio::time::Instant> = None;
+        let mut taken_since = 0;
         // The request read before this task started, then the stream.
         let early = match self.first.take().map(|first| *first) {
             None => None,
@@ -167,6 +170,7 @@ impl Connection {
                     waiting_since = None;
                 } else if waiting_since.is_none() {
                     waiting_since = Some(tokio::time::Instant::now());
+                    taken_since = self.outbound.taken();
                 }
                 let idle_deadline = self.idle_timeout.zip(waiting_since).map(|(i, w)| w + i);
                 let outbound = self.outbound.clone();
@@ -176,9 +180,10 @@ impl Connection {
                     _ = &mut expiry, if self.expires.is_some() => break End::Expired,
                     _ = tokio::time::sleep_until(idle_deadline.unwrap_or_else(tokio::time::Instant::now)),
                         if idle_deadline.is_some() => {
-                        // Unless what waited was taken or answered meanwhile (the loop then
-                        // starts over).
-                        if self.stalled() {
+                        if self.outbound.taken() != taken_since {
+                            // The proxy read meanwhile: wait afresh.
+                            waiting_since = None;
+                        } else if self.stalled() {
                             break End::Idle(self.idle_timeout.unwrap_or_default());
                         }
                     }
@@ -287,7 +292,7 @@ impl Connection {
 
     /// Whether something waits for the proxy: changes not yet sent, a response in the outbound
     /// queue, or a response not yet answered (ztunnel and Envoy answer each at once). A proxy
-    /// that reads nothing would otherwise hold the responses HTTP/2 has taken (at 10k pods an
+    /// that reads nothing would otherwise hold the rest of its responses (at 10k pods an
     /// initial sync is about 4.5 MB) for as long as no change comes; after the idle timeout
     /// without progress it is dropped.
     fn stalled(&self) -> bool {

@@ -13,7 +13,7 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -50,6 +50,9 @@ struct Shared {
     current: Mutex<VecDeque<Bytes>>,
     /// Set by [`Outbound::abandon`]: the stream ends with an error instead of going on.
     abandoned: AtomicBool,
+    /// Pieces the encoder has taken: it takes the next only once HTTP/2 has room for it, so
+    /// this moves only while the proxy reads.
+    taken: AtomicU64,
     /// The status the stream ends with once the queue is drained and closed (OK when unset).
     /// Set apart from the queue, so a full queue never loses it.
     /// Boxed: most streams never set it.
@@ -148,6 +151,12 @@ impl Outbound {
             .fetch_sub(dropped, Ordering::Relaxed);
     }
 
+    /// How many pieces the encoder has taken so far: a count that moves only while the proxy
+    /// reads (HTTP/2 takes a piece only with room in the proxy's window for the one before).
+    pub fn taken(&self) -> u64 {
+        self.shared.taken.load(Ordering::Relaxed)
+    }
+
     /// Responses waiting for the encoder (0 or 1).
     pub fn queued(&self) -> usize {
         QUEUE - self.tx.capacity()
@@ -186,6 +195,7 @@ impl Stream for Responses {
                 .expect("not poisoned")
                 .pop_front();
             if let Some(piece) = piece {
+                self.shared.taken.fetch_add(1, Ordering::Relaxed);
                 self.shared
                     .queued_bytes
                     .fetch_sub(piece.len(), Ordering::Relaxed);
@@ -279,6 +289,7 @@ mod tests {
         assert_eq!(outbound.queued_bytes(), 4000);
         let first = responses.next().await.unwrap().unwrap();
         assert_eq!(first[..], [0u8; 1000][..]);
+        assert_eq!(outbound.taken(), 1);
         // The response left the queue (a slot is free) but three pieces wait here.
         assert_eq!((outbound.queued(), outbound.queued_bytes()), (0, 3000));
         assert_eq!(responses.next().await.unwrap().unwrap()[0], 1);

@@ -560,3 +560,117 @@ async fn an_xds_request_over_the_size_limit_is_refused_on_15012_too() {
     );
     drop(tx);
 }
+
+/// A proxy that reads slowly is not dropped: reading its initial sync takes longer than the
+/// idle timeout, but every piece it reads is progress. It gets both initial responses whole,
+/// and answers each, as ztunnel does.
+#[tokio::test]
+async fn a_proxy_that_reads_slowly_is_not_dropped() {
+    use crate::support::xds::{mesh as small_mesh, pod, pods};
+    use bytes::Buf;
+    use std::time::Duration;
+    // 2,000 pods (in files of 500): an initial Address response of about 450 KB.
+    let mesh = small_mesh();
+    for file in 0..4 {
+        let many: Vec<String> = (file * 500..file * 500 + 500)
+            .map(|i| {
+                let ip = format!("10.245.{}.{}", i / 200, i % 200 + 1);
+                pod(&format!("bulk-{i}"), &ip, "bulk", "v1")
+            })
+            .collect();
+        mesh.write(&format!("pods/bulk-{file}.yaml"), &pods(&many));
+    }
+    let mut config = ambientd::config::Config::local(mesh.root());
+    let idle = Duration::from_millis(250);
+    config.stream_idle_timeout = Some(idle);
+    let running = ambientd::app::start(config).await.expect("start");
+    let mut snapshots = running.snapshots.clone();
+    tokio::time::timeout(support::WAIT, snapshots.wait_for(Option::is_some))
+        .await
+        .expect("not ready in time")
+        .unwrap();
+
+    // Raw HTTP/2 with a 16 KiB window, reading one frame every 30 ms: about 500 KiB/s, a
+    // 64 KiB piece every 120 ms.
+    let tcp = tokio::net::TcpStream::connect(running.xds_address)
+        .await
+        .unwrap();
+    let (send, connection) = h2::client::Builder::new()
+        .initial_window_size(16 * 1024)
+        .initial_connection_window_size(16 * 1024)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let mut send = send.ready().await.unwrap();
+    let request = tonic::codegen::http::Request::builder()
+        .method("POST")
+        .uri(format!(
+            "http://{}/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources",
+            running.xds_address
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (response, mut requests) = send.send_request(request, false).unwrap();
+    let frame = |request: DeltaDiscoveryRequest| {
+        let mut out = vec![0];
+        out.extend_from_slice(&(request.encoded_len() as u32).to_be_bytes());
+        out.extend_from_slice(&request.encode_to_vec());
+        bytes::Bytes::from(out)
+    };
+    for type_url in [ADDRESS_TYPE, AUTHORIZATION_TYPE] {
+        let initial = DeltaDiscoveryRequest {
+            node: Some(support::ztunnel_node("node-a")),
+            type_url: type_url.to_string(),
+            ..Default::default()
+        };
+        requests.send_data(frame(initial), false).unwrap();
+    }
+    let mut body = tokio::time::timeout(support::WAIT, response)
+        .await
+        .expect("no response headers")
+        .unwrap()
+        .into_body();
+    let started = std::time::Instant::now();
+    let (mut pending, mut bytes, mut types) = (bytes::BytesMut::new(), 0, Vec::new());
+    while types.len() < 2 {
+        let chunk = tokio::time::timeout(support::WAIT, body.data())
+            .await
+            .expect("no data in time")
+            .expect("the stream ended: the slow proxy was dropped")
+            .expect("the stream failed: the slow proxy was dropped");
+        bytes += chunk.len();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        pending.extend_from_slice(&chunk);
+        while pending.len() >= 5 {
+            let len = u32::from_be_bytes([pending[1], pending[2], pending[3], pending[4]]) as usize;
+            if pending.len() < 5 + len {
+                break;
+            }
+            pending.advance(5);
+            let response = ambientd::pb::xds::DeltaDiscoveryResponse::decode(pending.split_to(len))
+                .expect("a whole response");
+            let ack = DeltaDiscoveryRequest {
+                type_url: response.type_url.clone(),
+                response_nonce: response.nonce.clone(),
+                ..Default::default()
+            };
+            requests.send_data(frame(ack), false).unwrap();
+            types.push(response.type_url.clone());
+        }
+    }
+    assert_eq!(types, [ADDRESS_TYPE, AUTHORIZATION_TYPE]);
+    assert!(
+        started.elapsed() > 2 * idle,
+        "read {bytes} B in {:?}: not slow enough to test anything",
+        started.elapsed()
+    );
+    // Still there a while later.
+    tokio::time::sleep(3 * idle).await;
+    assert_eq!(running.registry.len(), 1);
+    drop(requests);
+    running.stop().await;
+}
