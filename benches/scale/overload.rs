@@ -312,7 +312,7 @@ async fn overload(sizes: Sizes) -> Outcome {
         .iter()
         .filter_map(|s| s.proxy.as_ref())
         .filter_map(|p| p.name.strip_prefix("ztunnel-")?.parse::<usize>().ok())
-        .filter(|n| *n >= sizes.fast && (*n - sizes.fast) % 2 == 0)
+        .filter(|n| *n >= sizes.fast && (*n - sizes.fast).is_multiple_of(2))
         .count();
     rss_stop.cancel();
     let rss = rss_task.await.unwrap_or_default();
@@ -513,7 +513,7 @@ pub(super) fn t9_clients_process(address: &str, fast: usize, slow: usize, probe_
         let started = Instant::now();
         let slow_tasks: Vec<_> = (0..slow)
             .map(|j| {
-                let kind = if j % 2 == 0 {
+                let kind = if j.is_multiple_of(2) {
                     Slow::Stuck
                 } else {
                     Slow::Trickle
