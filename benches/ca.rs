@@ -10,6 +10,13 @@
 //! As the ceiling it also prints the raw ring P-256 sign and verify rates on one core, and the
 //! in-process signer (parse + verify CSR, sign leaf) without gRPC.
 //!
+//! With 2 server threads it then floods the CA from one caller (2,000 CSRs in flight over 8
+//! connections, each re-sent as soon as it is answered or refused) and measures what the limits
+//! on requests in flight (`ambientd::ca::limit`) make of it: CSRs signed and refused per second,
+//! and another caller's CSR latency beside the same without the flood.
+//!
+//! Each connection is its own ztunnel (its own node's token), as in a mesh.
+//!
 //! Requests are ztunnel-shaped: a fresh P-256 CSR with an empty subject and one URI SAN, shared
 //! mode (`ImpersonatedIdentity`), and a local token (validated once, then cached, as for a real
 //! ztunnel that sends the same token on every call). `CA_BENCH_SECONDS` sets each phase's length
@@ -34,6 +41,10 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
 const IDENTITIES: usize = 64;
+/// Nodes, each with a pod of every identity: a connection's ztunnel is on node `c % NODES`.
+const NODES: usize = 64;
+/// CSRs the flooding caller keeps in flight.
+const FLOOD: usize = 2_000;
 const CSRS: usize = 1024;
 
 fn phase() -> Duration {
@@ -123,16 +134,18 @@ struct Server {
 
 async fn start_server(dir: &std::path::Path) -> Server {
     let mut pods = StaticPods::default();
-    for i in 0..IDENTITIES {
-        pods.insert(
-            "bench",
-            &format!("pod-{i}"),
-            PodInfo {
-                service_account: format!("sa-{i}"),
-                node: "node-a".into(),
-                uid: None,
-            },
-        );
+    for node in 0..NODES {
+        for i in 0..IDENTITIES {
+            pods.insert(
+                "bench",
+                &format!("pod-{i}-{node}"),
+                PodInfo {
+                    service_account: format!("sa-{i}"),
+                    node: format!("node-{node}"),
+                    uid: None,
+                },
+            );
+        }
     }
     let config = CaConfig::local(dir);
     let (tx, rx) = tokio::sync::watch::channel(None);
@@ -247,7 +260,7 @@ fn summarize(mut latencies: Vec<Duration>, elapsed: Duration) -> Stats {
 /// `in_flight` looping callers over `connections` channels for `duration`.
 async fn closed_loop(
     channels: &[Channel],
-    token: &str,
+    tokens: &[String],
     csrs: &Arc<Vec<(String, String)>>,
     in_flight: usize,
     duration: Duration,
@@ -257,7 +270,10 @@ async fn closed_loop(
     let mut tasks = Vec::new();
     for i in 0..in_flight {
         let mut client = IstioCertificateServiceClient::new(channels[i % channels.len()].clone());
-        let (token, csrs) = (token.to_string(), csrs.clone());
+        let (token, csrs) = (
+            tokens[i % channels.len() % tokens.len()].clone(),
+            csrs.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             let mut n = i;
@@ -283,7 +299,7 @@ async fn closed_loop(
 /// Requests started at a fixed `rate` regardless of completions, over `channels`.
 async fn open_loop(
     channels: &[Channel],
-    token: &str,
+    tokens: &[String],
     csrs: &Arc<Vec<(String, String)>>,
     rate: f64,
     duration: Duration,
@@ -297,7 +313,10 @@ async fn open_loop(
         tokio::time::sleep_until(next).await;
         next += interval;
         let mut client = IstioCertificateServiceClient::new(channels[n % channels.len()].clone());
-        let request = request(&csrs[n % csrs.len()], token);
+        let request = request(
+            &csrs[n % csrs.len()],
+            &tokens[n % channels.len() % tokens.len()],
+        );
         tasks.push(tokio::spawn(async move {
             let begin = Instant::now();
             client.create_certificate(request).await.unwrap();
@@ -349,30 +368,38 @@ fn main() {
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap()
                 .as_secs();
-            let subject = Subject {
-                namespace: "istio-system".into(),
-                service_account: "ztunnel".into(),
-                pod: None,
-                node: Some("node-a".into()),
-            };
-            let token = key
-                .mint(&local_claims(&subject, &["istio-ca".into()], now, Duration::from_secs(3600)))
-                .unwrap();
+            let tokens: Vec<String> = (0..NODES)
+                .map(|node| {
+                    let subject = Subject {
+                        namespace: "istio-system".into(),
+                        service_account: "ztunnel".into(),
+                        pod: None,
+                        node: Some(format!("node-{node}")),
+                    };
+                    key.mint(&local_claims(
+                        &subject,
+                        &["istio-ca".into()],
+                        now,
+                        Duration::from_secs(3600),
+                    ))
+                    .unwrap()
+                })
+                .collect();
             let tls = ztunnel_tls(&server.root_cert);
             let mut channels = Vec::new();
             for _ in 0..500 {
                 channels.push(connect(server.address, tls.clone()).await);
             }
             // Warm up (token cache, connections).
-            closed_loop(&channels[..8], &token, &csrs, 64, Duration::from_millis(500)).await;
-            let throughput = closed_loop(&channels[..8], &token, &csrs, 64, duration).await;
+            closed_loop(&channels[..8], &tokens, &csrs, 64, Duration::from_millis(500)).await;
+            let throughput = closed_loop(&channels[..8], &tokens, &csrs, 64, duration).await;
             println!(
                 "gRPC, {workers} server thread(s), 64 in flight / 8 connections: {:.0} certs/s (p50 {}, p99 {})",
                 throughput.rate,
                 ms(throughput.p50),
                 ms(throughput.p99)
             );
-            let loaded = closed_loop(&channels[..63], &token, &csrs, 500, duration).await;
+            let loaded = closed_loop(&channels[..63], &tokens, &csrs, 500, duration).await;
             println!(
                 "gRPC, {workers} server thread(s), 500 in flight / 63 connections: {:.0} certs/s, p50 {}, p99 {}, max {}",
                 loaded.rate,
@@ -381,16 +408,128 @@ fn main() {
                 ms(loaded.max)
             );
             let rate = throughput.rate / 2.0;
-            let open = open_loop(&channels, &token, &csrs, rate, duration).await;
+            let open = open_loop(&channels, &tokens, &csrs, rate, duration).await;
             println!(
                 "gRPC, {workers} server thread(s), open loop at {rate:.0}/s (half capacity) over 500 connections: p50 {}, p99 {}, max {}",
                 ms(open.p50),
                 ms(open.p99),
                 ms(open.max)
             );
+            if workers == 2 {
+                flood(&channels, &tokens, &csrs, duration).await;
+            }
         });
         server.shutdown.cancel();
         drop(client_rt);
         server_rt.shutdown_timeout(Duration::from_secs(1));
     }
+}
+
+/// One caller (node-0's ztunnel) keeps [`FLOOD`] CSRs in flight over 8 connections, re-sending
+/// each as soon as it is answered; another (node-8's, on its own connection) asks for one
+/// certificate at a time, first without the flood and then during it.
+async fn flood(
+    channels: &[Channel],
+    tokens: &[String],
+    csrs: &Arc<Vec<(String, String)>>,
+    duration: Duration,
+) {
+    let victim = |deadline: Instant| {
+        let mut client = IstioCertificateServiceClient::new(channels[8].clone());
+        let (token, csrs) = (tokens[8].clone(), csrs.clone());
+        async move {
+            let mut latencies = Vec::new();
+            let mut n = 0;
+            while Instant::now() < deadline {
+                let begin = Instant::now();
+                client
+                    .create_certificate(request(&csrs[n % csrs.len()], &token))
+                    .await
+                    .expect("the other caller was refused");
+                latencies.push(begin.elapsed());
+                n += 1;
+            }
+            latencies
+        }
+    };
+    let start = Instant::now();
+    let quiet = summarize(victim(start + duration).await, start.elapsed());
+
+    let start = Instant::now();
+    let deadline = start + duration;
+    let signed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let refused = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let failed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let message = Arc::new(std::sync::Mutex::new(String::new()));
+    let flooders: Vec<_> = (0..FLOOD)
+        .map(|i| {
+            let mut client = IstioCertificateServiceClient::new(channels[i % 8].clone());
+            let (token, csrs) = (tokens[0].clone(), csrs.clone());
+            let (signed, refused, failed) = (signed.clone(), refused.clone(), failed.clone());
+            let message = message.clone();
+            tokio::spawn(async move {
+                let mut n = i;
+                while Instant::now() < deadline {
+                    match client
+                        .create_certificate(request(&csrs[n % csrs.len()], &token))
+                        .await
+                    {
+                        Ok(_) => signed.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                        Err(status) if status.code() == tonic::Code::ResourceExhausted => {
+                            let mut m = message.lock().unwrap();
+                            if m.is_empty() {
+                                *m = status.message().to_string();
+                            }
+                            refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                        }
+                        Err(_) => failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                    };
+                    n += FLOOD;
+                }
+            })
+        })
+        .collect();
+    let rss = tokio::spawn(async move {
+        let mut peak = 0;
+        while Instant::now() < deadline {
+            peak = peak.max(rss_bytes());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        peak
+    });
+    let during = summarize(victim(deadline).await, start.elapsed());
+    for flooder in flooders {
+        flooder.await.unwrap();
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let load = |n: &std::sync::atomic::AtomicUsize| n.load(std::sync::atomic::Ordering::Relaxed);
+    println!(
+        "flood, 2 server threads: one caller with {FLOOD} CSRs in flight over 8 connections: {:.0} signed/s, {:.0} refused/s (RESOURCE_EXHAUSTED: \"{}\"), {} other errors",
+        load(&signed) as f64 / elapsed,
+        load(&refused) as f64 / elapsed,
+        message.lock().unwrap(),
+        load(&failed)
+    );
+    println!(
+        "flood, 2 server threads: another caller, one CSR at a time: p50 {}, p99 {}, max {} ({} CSRs) during the flood; p50 {}, p99 {}, max {} ({} CSRs) without it; process RSS peak {:.0} MB (server and clients)",
+        ms(during.p50),
+        ms(during.p99),
+        ms(during.max),
+        (during.rate * elapsed).round(),
+        ms(quiet.p50),
+        ms(quiet.p99),
+        ms(quiet.max),
+        (quiet.rate * duration.as_secs_f64()).round(),
+        rss.await.unwrap() as f64 / 1e6
+    );
+}
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(0)
+        * 4096
 }

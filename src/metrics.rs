@@ -31,6 +31,11 @@ pub struct ErrorLabel {
     pub error: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
 impl TypeLabel {
     pub fn of(kind: TypeKind) -> Self {
         TypeLabel {
@@ -121,6 +126,12 @@ pub struct Metrics {
     /// `citadel_server_csr_sign_err_count{error}`: CSRs that failed to sign, by istiod's error
     /// type (`CSR_ERROR`, `TTL_ERROR`, `CERT_GEN_ERROR`).
     pub sign_errors: Family<ErrorLabel, Counter>,
+    /// `ambientd_csr_refused{reason}`: CSRs refused by the limits on requests in flight
+    /// (`caller`: its caller's; `total`: the CA's), docs/ca.md "Limits".
+    pub csr_refused: Family<ReasonLabel, Counter>,
+    /// `ambientd_xds_refused{reason}`: xDS streams ended by a limit (`subscribed_names`),
+    /// docs/xds.md "Limits".
+    pub xds_refused: Family<ReasonLabel, Counter>,
     /// `citadel_server_root_cert_expiry_timestamp`: the root's NotAfter (Unix seconds); 0 until
     /// the CA starts.
     pub root_expiry: Gauge<f64, AtomicU64>,
@@ -195,6 +206,8 @@ impl Metrics {
         let auth_failures = Counter::default();
         let certs_issued = Counter::default();
         let sign_errors = Family::<ErrorLabel, Counter>::default();
+        let csr_refused = Family::<ReasonLabel, Counter>::default();
+        let xds_refused = Family::<ReasonLabel, Counter>::default();
         let root_expiry = Gauge::<f64, AtomicU64>::default();
         let root_expiry_seconds = Gauge::<f64, AtomicU64>::default();
         let chain_expiry = Gauge::<f64, AtomicU64>::default();
@@ -294,6 +307,16 @@ impl Metrics {
             chain_expiry_seconds.clone(),
         );
         registry.register(
+            "ambientd_csr_refused",
+            "Certificate requests refused by a limit on requests in flight, by limit",
+            csr_refused.clone(),
+        );
+        registry.register(
+            "ambientd_xds_refused",
+            "xDS streams ended by a limit, by limit",
+            xds_refused.clone(),
+        );
+        registry.register(
             "ambientd_leader",
             "1 while this replica is the leader that writes to the cluster",
             leader.clone(),
@@ -379,6 +402,8 @@ impl Metrics {
             auth_failures,
             certs_issued,
             sign_errors,
+            csr_refused,
+            xds_refused,
             root_expiry,
             root_expiry_seconds,
             chain_expiry,
@@ -434,6 +459,22 @@ impl Metrics {
 
     /// The Prometheus text exposition (format 0.0.4), with istiod's exact names.
     /// Counts a CSR that failed to sign, with istiod's error type.
+    pub fn record_csr_refused(&self, reason: &str) {
+        self.csr_refused
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn record_xds_refused(&self, reason: &str) {
+        self.xds_refused
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
     pub fn record_sign_error(&self, error_type: &str) {
         self.sign_errors
             .get_or_create(&ErrorLabel {

@@ -15,7 +15,9 @@
 //!
 //! Scenarios: T1 cold build, T2 memory per pod, T3 one pod change, T4 event to the last of S
 //! streams, T5 bytes per pod change per stream, T6 reconnect storm, T7 idle stream memory,
-//! T8 sustained churn (1,000 pod events/s to 1,000 streams through the real index task).
+//! T8 sustained churn (1,000 pod events/s to 1,000 streams through the real index task), T9
+//! overload (5,000 streams at once, a quarter of them slow, under churn; beside T9-BASE, the
+//! same without the slow ones), T10 on-demand names (streams subscribed to 100k names each).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -52,9 +54,11 @@ static GLOBAL: dhat::Alloc = dhat::Alloc;
 
 /// Any single expected network event.
 const WAIT: Duration = Duration::from_secs(30);
-const SCENARIOS: [&str; 8] = ["T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8"];
+const SCENARIOS: [&str; 10] = ["T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T9", "T10"];
 
 mod cluster;
+mod names;
+mod overload;
 mod pure;
 mod served;
 mod storm;
@@ -80,6 +84,10 @@ struct Opts {
     t6_clients: Option<(String, usize)>,
     /// `--t8-clients ADDR COUNT PROBE`: the T8 client process.
     t8_clients: Option<(String, usize, String)>,
+    /// `--t9-clients ADDR FAST SLOW PROBE`: the T9 client process.
+    t9_clients: Option<(String, usize, usize, String)>,
+    /// `--t10-clients ADDR STREAMS PODS NAMES`: the T10 client process.
+    t10_clients: Option<(String, usize, usize, usize)>,
 }
 
 fn opts() -> Opts {
@@ -106,6 +114,24 @@ fn opts() -> Opts {
                     args[i + 3].clone(),
                 ));
                 i += 3;
+            }
+            "--t10-clients" if i + 4 < args.len() => {
+                o.t10_clients = Some((
+                    args[i + 1].clone(),
+                    args[i + 2].parse().unwrap_or(0),
+                    args[i + 3].parse().unwrap_or(0),
+                    args[i + 4].parse().unwrap_or(0),
+                ));
+                i += 4;
+            }
+            "--t9-clients" if i + 4 < args.len() => {
+                o.t9_clients = Some((
+                    args[i + 1].clone(),
+                    args[i + 2].parse().unwrap_or(0),
+                    args[i + 3].parse().unwrap_or(0),
+                    args[i + 4].clone(),
+                ));
+                i += 4;
             }
             "--t6-clients" if i + 2 < args.len() => {
                 o.t6_clients = Some((args[i + 1].clone(), args[i + 2].parse().unwrap_or(0)));
@@ -249,6 +275,9 @@ fn run_child(name: &str, o: &Opts) {
         "T6" => t6(o),
         "T7" => t7(o),
         "T8" => t8(o),
+        "T9" => overload::t9(o, true),
+        "T9-BASE" => overload::t9(o, false),
+        "T10" => names::t10(o),
         other => eprintln!("unknown scenario {other}"),
     }
 }
@@ -320,6 +349,14 @@ fn main() {
         t8_clients_process(address, *count, probe);
         return;
     }
+    if let Some((address, streams, pods, names)) = &o.t10_clients {
+        names::t10_clients_process(address, *streams, *pods, *names);
+        return;
+    }
+    if let Some((address, fast, slow, probe)) = &o.t9_clients {
+        overload::t9_clients_process(address, *fast, *slow, probe);
+        return;
+    }
     if let Some((address, count)) = &o.clients {
         clients_process(address, *count);
         return;
@@ -343,16 +380,24 @@ fn main() {
         if !o.only.is_empty() && !o.only.iter().any(|s| s == name) {
             continue;
         }
-        let started = Instant::now();
-        let got = spawn_scenario(name, &o, limit);
-        eprintln!("{name} done in {:.1?}", started.elapsed());
-        for r in &got {
-            eprintln!(
-                "  {} {} {}: {:.2} {} ({})",
-                r.scenario, r.size, r.metric, r.median, r.unit, r.note
-            );
+        // T9 runs beside its baseline (the same fast streams, no slow ones).
+        let children: &[&str] = if name == "T9" {
+            &["T9-BASE", "T9"]
+        } else {
+            &[name]
+        };
+        for child in children {
+            let started = Instant::now();
+            let got = spawn_scenario(child, &o, limit);
+            eprintln!("{child} done in {:.1?}", started.elapsed());
+            for r in &got {
+                eprintln!(
+                    "  {} {} {}: {:.2} {} ({})",
+                    r.scenario, r.size, r.metric, r.median, r.unit, r.note
+                );
+            }
+            rows.extend(got);
         }
-        rows.extend(got);
     }
     if o.json {
         let out = json!({

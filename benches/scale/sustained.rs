@@ -15,14 +15,14 @@ use super::*;
 use ambientd::discovery::Event;
 use ambientd::push::Debounce;
 
-fn env_or(name: &str, default: usize) -> usize {
+pub(super) fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }
 
-fn debounce() -> Debounce {
+pub(super) fn debounce() -> Debounce {
     let text = std::env::var("SCALE_T8_DEBOUNCE").unwrap_or_else(|_| "0,1000".into());
     let mut parts = text
         .split(',')
@@ -34,7 +34,7 @@ fn debounce() -> Debounce {
 }
 
 /// The probe pod: pod 0 with `version: probe-N`.
-fn probe(spec: &Spec, n: usize) -> Object {
+pub(super) fn probe(spec: &Spec, n: usize) -> Object {
     let mut value = pod_json(spec, 0, true);
     value["metadata"]["labels"]["version"] = json!(format!("probe-{n}"));
     decode_one(value)
@@ -254,7 +254,7 @@ async fn sustained(
 /// Probe arrivals, folded as they come: for each probe, how many streams hold it or a later
 /// one, and when the last of them got there. O(probes + streams), whatever the run's length.
 #[derive(Default)]
-struct Convergence {
+pub(super) struct Convergence {
     /// Per stream: the newest probe it has received.
     newest: Vec<Option<usize>>,
     /// Per probe: streams that hold it or a later one, and the latest time one got there.
@@ -264,7 +264,7 @@ struct Convergence {
 impl Convergence {
     /// Stream `id` received probe `n` at `at` (µs since the epoch). A stream's arrivals come in
     /// time order, so this is the first time it holds every probe after its previous newest.
-    fn arrival(&mut self, id: usize, n: usize, at: u128) {
+    pub(super) fn arrival(&mut self, id: usize, n: usize, at: u128) {
         if self.newest.len() <= id {
             self.newest.resize(id + 1, None);
         }
@@ -280,7 +280,7 @@ impl Convergence {
     }
 
     /// When probe `n` had reached all of `streams`; `None` if some never got it.
-    fn converged(&self, n: usize, streams: usize) -> Option<u128> {
+    pub(super) fn converged(&self, n: usize, streams: usize) -> Option<u128> {
         self.reached
             .get(n)
             .filter(|(count, _)| *count >= streams && streams > 0)
@@ -354,7 +354,7 @@ pub(super) fn t8(o: &Opts) {
     ));
 }
 
-fn epoch_micros() -> u128 {
+pub(super) fn epoch_micros() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros())
@@ -491,13 +491,13 @@ fn probe_revision(address: &[u8]) -> Option<String> {
 /// names, and each resource's name and undecoded `Any` (prost reads a message field as its
 /// bytes, without copying them out of the received buffer).
 #[derive(Clone, PartialEq, prost::Message)]
-struct Skimmed {
+pub(super) struct Skimmed {
     #[prost(message, repeated, tag = "2")]
     resources: Vec<SkimmedResource>,
     #[prost(string, tag = "4")]
-    type_url: String,
+    pub(super) type_url: String,
     #[prost(string, tag = "5")]
-    nonce: String,
+    pub(super) nonce: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -516,7 +516,7 @@ struct SkimmedAny {
 }
 
 /// A lean T8 stream: raw h2, gRPC-framed delta ADS.
-struct LeanStream {
+pub(super) struct LeanStream {
     _send: h2::client::SendRequest<bytes::Bytes>,
     requests: h2::SendStream<bytes::Bytes>,
     body: h2::RecvStream,
@@ -527,7 +527,19 @@ struct LeanStream {
 impl LeanStream {
     /// Connects as ztunnel `n`, sends both wildcard initial requests, and reads (and ACKs)
     /// until both types are answered.
-    async fn sync(address: std::net::SocketAddr, n: usize) -> anyhow::Result<LeanStream> {
+    pub(super) async fn sync(
+        address: std::net::SocketAddr,
+        n: usize,
+    ) -> anyhow::Result<LeanStream> {
+        Self::sync_within(address, n, WAIT).await
+    }
+
+    /// As [`LeanStream::sync`], waiting at most `wait` for the initial responses.
+    pub(super) async fn sync_within(
+        address: std::net::SocketAddr,
+        n: usize,
+        wait: Duration,
+    ) -> anyhow::Result<LeanStream> {
         let tcp = tokio::net::TcpStream::connect(address).await?;
         tcp.set_nodelay(true)?;
         let (send, connection) = h2::client::Builder::new()
@@ -556,7 +568,7 @@ impl LeanStream {
                 false,
             )?;
         }
-        let body = tokio::time::timeout(WAIT, response).await??.into_body();
+        let body = tokio::time::timeout(wait, response).await??.into_body();
         let mut stream = LeanStream {
             _send: send,
             requests,
@@ -565,9 +577,9 @@ impl LeanStream {
         };
         let mut answered = [false; 2];
         while !(answered[0] && answered[1]) {
-            let response = tokio::time::timeout(WAIT, stream.next())
+            let response = tokio::time::timeout(wait, stream.next())
                 .await
-                .map_err(|_| anyhow::anyhow!("no initial responses within {WAIT:?}"))??;
+                .map_err(|_| anyhow::anyhow!("no initial responses within {wait:?}"))??;
             answered[usize::from(response.type_url == AUTHORIZATION_TYPE)] = true;
         }
         Ok(stream)
@@ -606,7 +618,7 @@ impl LeanStream {
     }
 
     /// Reads, ACKs and reports the probe's arrivals until the stream ends.
-    async fn follow(
+    pub(super) async fn follow(
         mut self,
         id: usize,
         probe_uid: &str,

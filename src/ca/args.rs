@@ -130,6 +130,7 @@ impl CaArgs {
                 max: self.max_cert_ttl,
             },
             metrics: Default::default(),
+            csr_limits: Default::default(),
         })
     }
 }

@@ -22,6 +22,7 @@ pub mod authn;
 pub mod authorize;
 pub mod identity;
 pub mod keys;
+pub mod limit;
 pub mod pods;
 pub mod review;
 pub mod roots;
@@ -93,6 +94,8 @@ pub struct CaConfig {
     pub ttl: TtlPolicy,
     /// Where the `citadel_server_*` metrics go; the app shares its registry here.
     pub metrics: Arc<Metrics>,
+    /// Certificate requests in flight, per caller and in all (docs/ca.md, "Limits").
+    pub csr_limits: limit::CsrLimits,
 }
 
 /// The default of `--token-review-timeout`.
@@ -112,6 +115,7 @@ impl CaConfig {
             trusted_node_accounts: vec![("istio-system".into(), "ztunnel".into())],
             ttl: TtlPolicy::default(),
             metrics: Arc::default(),
+            csr_limits: limit::CsrLimits::default(),
         }
     }
 
@@ -217,6 +221,7 @@ pub async fn start_with(
         pods,
         metrics: config.metrics.clone(),
         root_bundle: tokio::sync::watch::channel(String::new()).0,
+        csr_limits: config.csr_limits.clone(),
     });
     state.record_root_expiry();
     let listener =

@@ -18,6 +18,7 @@ use tracing::{debug, warn};
 
 use crate::ca::authn::{AuthContext, AuthFailure, Authenticators};
 use crate::ca::authorize::{Caller, Policy, authorize};
+use crate::ca::limit::CsrLimits;
 use crate::ca::pods::PodIndex;
 use crate::ca::signer::{Csr, SignError, Signer, TtlPolicy};
 use crate::pb::google::protobuf::value::Kind as ValueKind;
@@ -41,6 +42,8 @@ pub struct CaState {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// The current root bundle (PEM), for whoever distributes it (the root ConfigMaps).
     pub root_bundle: tokio::sync::watch::Sender<String>,
+    /// Certificate requests in flight, per caller and in all.
+    pub csr_limits: CsrLimits,
 }
 
 impl CaState {
@@ -101,6 +104,13 @@ pub(super) fn peer(extensions: &http::Extensions) -> String {
         .unwrap_or_default()
 }
 
+/// The largest `IstioCertificateRequest` accepted (tonic's default is 4 MiB, as istiod's). A
+/// ztunnel's is under 2 KiB (a P-256 CSR and one metadata field; an RSA-4096 CSR is about
+/// 3.5 KiB): 64 KiB leaves room for any honest request and bounds what each of many
+/// concurrent streams may make the server buffer before the request is even authenticated.
+/// Larger requests get `OUT_OF_RANGE` naming the limit (from tonic's decoder).
+pub const MAX_CSR_REQUEST_BYTES: usize = 64 * 1024;
+
 /// `istio.v1.auth.IstioCertificateService`.
 #[derive(Clone)]
 pub struct CertificateService {
@@ -115,7 +125,7 @@ impl CertificateService {
 
     /// The tonic server for it.
     pub fn into_service(self) -> IstioCertificateServiceServer<Self> {
-        IstioCertificateServiceServer::new(self)
+        IstioCertificateServiceServer::new(self).max_decoding_message_size(MAX_CSR_REQUEST_BYTES)
     }
 }
 
@@ -160,6 +170,16 @@ impl IstioCertificateService for CertificateService {
                 ));
             }
         };
+        // Admitted only within the limits on requests in flight (`ca::limit`), counted per
+        // caller; the refusal says which limit and when to retry.
+        let admitted = match state.csr_limits.admit(&CsrLimits::caller_key(&caller)) {
+            Ok(admitted) => admitted,
+            Err(refusal) => {
+                warn!(%peer, caller = %caller.identity, reason = %refusal, "CSR refused: limit on requests in flight");
+                state.metrics.record_csr_refused(refusal.reason());
+                return Err(Status::resource_exhausted(refusal.to_string()));
+            }
+        };
         // Each failure here is a signing error to istiod (counted by its type).
         let sign_error = |error: SignError| {
             state.metrics.record_sign_error(error.error_type());
@@ -169,10 +189,21 @@ impl IstioCertificateService for CertificateService {
             .ttl
             .resolve(request.validity_duration)
             .map_err(sign_error)?;
-        let csr = Csr::parse_pem(&request.csr).map_err(sign_error)?;
-        let signer = state.signer.load();
-        let chain = signer
-            .sign_workload(&csr, &identity, ttl, time::OffsetDateTime::now_utc())
+        // Parsing verifies the CSR's signature: CPU work, done with the signing, on the
+        // blocking pool.
+        let signer = state.signer.load_full();
+        let signed = {
+            let identity = identity.clone();
+            admitted
+                .sign(move || {
+                    let csr = Csr::parse_pem(&request.csr)?;
+                    signer.sign_workload(&csr, &identity, ttl, time::OffsetDateTime::now_utc())
+                })
+                .await
+        };
+        drop(admitted);
+        let chain = signed
+            .map_err(|e| status(SignError::Internal(e)))?
             .map_err(sign_error)?;
         debug!(%peer, caller = %caller.identity, %identity, ttl = ttl.as_secs(), "signed a workload certificate");
         state.metrics.certs_issued.inc();

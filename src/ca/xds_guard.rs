@@ -24,8 +24,9 @@ use crate::pb::google::protobuf::value::Kind as ValueKind;
 use crate::pb::xds::Node;
 use crate::push::server::VerifiedCaller;
 
-/// The largest first xDS request the guard accepts (reconnects list every known resource).
-const MAX_FIRST_REQUEST: usize = 64 * 1024 * 1024;
+/// The largest first xDS request the guard accepts (reconnects list every known resource): the
+/// ADS service's own limit, so the guard never refuses what the service would take.
+const MAX_FIRST_REQUEST: usize = crate::push::route::MAX_REQUEST_BYTES;
 
 /// What a proxy claims in its xDS node: `NAMESPACE` (else the node id's `<ns>.svc…` suffix)
 /// and `SERVICE_ACCOUNT` metadata.
@@ -176,7 +177,10 @@ async fn first_node(mut body: Body) -> Result<(Option<Option<Node>>, Body), Stat
                 ));
             }
             if length > MAX_FIRST_REQUEST {
-                return Err(Status::resource_exhausted("first request too large"));
+                return Err(Status::resource_exhausted(format!(
+                    "a DeltaDiscoveryRequest of {length} bytes exceeds the \
+                     {MAX_FIRST_REQUEST}-byte limit"
+                )));
             }
             let message = &buffer[5..buffer.len().min(5 + length)];
             let complete = message.len() == length;

@@ -20,7 +20,10 @@ use crate::push::outbound::{Outbound, Slot};
 use crate::push::registry::{ClientView, Handle, Pending, TypeStatus};
 use crate::push::response::Outgoing;
 use crate::push::server::Inbound;
-use crate::push::subscription::{Delta, RequestKind, TypeState, classify, split};
+use crate::push::subscription::{
+    Delta, MAX_SUBSCRIBED_NAMES, RequestKind, TypeState, classify, initial_names, split,
+    too_many_names,
+};
 
 /// Who is on the other end, from the node in the first request.
 #[derive(Clone, Debug, Default)]
@@ -146,8 +149,12 @@ impl Connection {
         self.metrics.xds_clients.get_or_create(&version).inc();
         let expiry = tokio::time::sleep(self.expires.unwrap_or(Duration::MAX));
         tokio::pin!(expiry);
-        // Since when changes have waited for room in the outbound queue.
+        // Since when something has waited for the proxy ([`Connection::stalled`]) with no
+        // progress, and how many pieces the encoder had taken then. Progress: a response goes
+        // into the outbound queue, the proxy answers one, or it reads a piece (a slow initial
+        // sync, in a storm, is progress however long it takes).
         let mut waiting_since: Option<tokio::time::Instant> = None;
+        let mut taken_since = 0;
         // The request read before this task started, then the stream.
         let early = match self.first.take().map(|first| *first) {
             None => None,
@@ -162,10 +169,11 @@ impl Connection {
             end
         } else {
             loop {
-                if self.dirty.is_empty() {
+                if !self.stalled() {
                     waiting_since = None;
                 } else if waiting_since.is_none() {
                     waiting_since = Some(tokio::time::Instant::now());
+                    taken_since = self.outbound.taken();
                 }
                 let idle_deadline = self.idle_timeout.zip(waiting_since).map(|(i, w)| w + i);
                 let removals_due = self
@@ -180,7 +188,12 @@ impl Connection {
                     _ = &mut expiry, if self.expires.is_some() => break End::Expired,
                     _ = tokio::time::sleep_until(idle_deadline.unwrap_or_else(tokio::time::Instant::now)),
                         if idle_deadline.is_some() => {
-                        break End::Idle(self.idle_timeout.unwrap_or_default());
+                        if self.outbound.taken() != taken_since {
+                            // The proxy read meanwhile: wait afresh.
+                            waiting_since = None;
+                        } else if self.stalled() {
+                            break End::Idle(self.idle_timeout.unwrap_or_default());
+                        }
                     }
                     _ = tokio::time::sleep_until(removals_due.map_or_else(tokio::time::Instant::now, Into::into)),
                         if removals_due.is_some() => {
@@ -197,10 +210,15 @@ impl Connection {
                     }
                     message = inbound.next() => match message {
                         Some(Ok((request, known))) => {
+                            let answered = self.answered();
                             // Boxed (as `push_dirty` below): awaited inline, their state would
                             // sit in every idle connection's task.
                             if let Err(end) = Box::pin(self.on_request(request, known)).await {
                                 break end;
+                            }
+                            // An answer (ACK or NACK) shows the proxy reads its responses.
+                            if self.answered() > answered {
+                                waiting_since = None;
                             }
                         }
                         None => break End::Closed,
@@ -254,6 +272,8 @@ impl Connection {
                 self.outbound.end_with(closing());
             }
             End::Idle(idle) => {
+                // What HTTP/2 has not taken yet is freed now, not when the connection goes.
+                self.outbound.abandon();
                 warn!(
                     proxy,
                     ?idle,
@@ -289,6 +309,27 @@ impl Connection {
             .iter()
             .copied()
             .find(|kind| self.types.get(kind).is_none_or(|s| !s.in_flight.is_full()))
+    }
+
+    /// Whether something waits for the proxy: changes not yet sent, a response in the outbound
+    /// queue, or a response not yet answered (ztunnel and Envoy answer each at once). A proxy
+    /// that reads nothing would otherwise hold the rest of its responses (at 10k pods an
+    /// initial sync is about 4.5 MB) for as long as no change comes; after the idle timeout
+    /// without progress it is dropped.
+    fn stalled(&self) -> bool {
+        !self.dirty.is_empty()
+            || self.outbound.queued() > 0
+            || self
+                .types
+                .iter()
+                .any(|(_, state)| !state.in_flight.is_empty())
+    }
+
+    /// Responses the proxy has answered (ACK or NACK), about: those sent less those awaiting
+    /// an answer.
+    fn answered(&self) -> u64 {
+        let unanswered: usize = self.types.iter().map(|(_, s)| s.in_flight.len()).sum();
+        self.sent.saturating_sub(unanswered as u64)
     }
 
     fn can_push(&self) -> bool {
@@ -369,6 +410,10 @@ impl Connection {
             }
             RequestKind::Initial(kind) => {
                 let known_count = known.len();
+                let names = initial_names(&request, known_count);
+                if names > MAX_SUBSCRIBED_NAMES {
+                    return Err(self.too_many_names(kind, names));
+                }
                 let mut state = TypeState::with_known(kind, &request, known);
                 state.hold_removals(self.removal_grace);
                 if let Some(proxy) = &self.proxy {
@@ -442,6 +487,15 @@ impl Connection {
         {
             return Ok(());
         }
+        let Some(state) = self.types.get(&kind) else {
+            return Ok(());
+        };
+        let would_hold = state
+            .subscription
+            .would_hold(&request.resource_names_subscribe);
+        if would_hold > MAX_SUBSCRIBED_NAMES {
+            return Err(self.too_many_names(kind, would_hold));
+        }
         let Some(state) = self.types.get_mut(&kind) else {
             return Ok(());
         };
@@ -457,6 +511,15 @@ impl Connection {
             .get_or_create(&TypeLabel::named("request"))
             .inc();
         self.send_timed(kind, snapshot, delta, started, None).await
+    }
+
+    /// Ends the stream: a request would subscribe it to more than [`MAX_SUBSCRIBED_NAMES`].
+    fn too_many_names(&self, kind: TypeKind, would_hold: usize) -> End {
+        self.metrics.record_xds_refused("subscribed_names");
+        End::Error(Status::resource_exhausted(too_many_names(
+            kind.type_url(),
+            would_hold,
+        )))
     }
 
     /// Brings dirty types up to date with the newest snapshot, Address first; `slot` is room
@@ -583,7 +646,7 @@ impl Connection {
                 resources: &part.resources,
                 removed: &part.removed,
             }
-            .frame();
+            .pieces();
             let bytes: usize = part.resources.iter().map(|r| r.value_len()).sum();
             if let Some(state) = self.types.get_mut(&kind) {
                 state.last_nonce = nonce;

@@ -16,6 +16,13 @@ pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// trip.
 pub const RECEIVE_WINDOW: u32 = 256 * 1024;
 
+/// The largest header block (HTTP/2 `SETTINGS_MAX_HEADER_LIST_SIZE`: names, values and 32
+/// bytes per field) a request may carry: hyper's default, set here so it is ours and
+/// documented (docs/xds.md, "Limits"). A ztunnel's largest is its bearer token (a projected
+/// service-account token, 1–2 KiB). A larger block is answered with HTTP 431 and the stream
+/// refused before any handler runs.
+pub const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
+
 /// The tonic server settings for a listener that serves xDS (15010, and 15012 with the CA):
 /// keepalive so that dead proxies are noticed, and [`RECEIVE_WINDOW`]. The receive windows only
 /// bound what proxies upload (requests; the largest is a reconnect's
@@ -30,6 +37,7 @@ pub fn grpc_server() -> tonic::transport::Server {
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .initial_stream_window_size(Some(RECEIVE_WINDOW))
         .initial_connection_window_size(Some(RECEIVE_WINDOW))
+        .http2_max_header_list_size(Some(MAX_HEADER_LIST_BYTES))
 }
 
 /// Binds a listener for proxies (15010, 15012) with an accept queue as long as the kernel

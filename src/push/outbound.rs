@@ -5,9 +5,15 @@
 //! the difference to the newest snapshot (one response per type, each resource once, at its
 //! latest version), never a backlog of superseded ones. The queue counts the bytes it holds so
 //! the debug views (and tests) can see that a stuck proxy's memory stays bounded.
+//!
+//! A response arrives in pieces ([`crate::push::response::Outgoing::pieces`]), and the encoder
+//! takes one piece at a time: HTTP/2 then holds only the piece it writes and the next, and the
+//! rest of the response stays here, where [`Outbound::abandon`] drops it when a proxy that
+//! reads nothing is dropped.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -19,10 +25,10 @@ use tonic::Status;
 /// Responses queued per stream beyond the one the encoder is writing.
 pub const QUEUE: usize = 1;
 
-/// A response already framed as a gRPC message ([`crate::push::response`]). Boxed: tokio's
-/// channel allocates a block of 32 slots up front, 32 × the item's size per stream for a queue
-/// that holds one.
-type Item = Box<Bytes>;
+/// A response already framed as a gRPC message, in pieces ([`crate::push::response`]).
+/// Boxed: tokio's channel allocates a block of 32 slots up front, 32 × the item's size per
+/// stream for a queue that holds one.
+type Item = Box<Vec<Bytes>>;
 
 /// The sending half, owned by the connection task.
 #[derive(Clone)]
@@ -40,6 +46,13 @@ pub struct Responses {
 #[derive(Default)]
 struct Shared {
     queued_bytes: AtomicUsize,
+    /// The pieces of the response the encoder is taking, not yet taken.
+    current: Mutex<VecDeque<Bytes>>,
+    /// Set by [`Outbound::abandon`]: the stream ends with an error instead of going on.
+    abandoned: AtomicBool,
+    /// Pieces the encoder has taken: it takes the next only once HTTP/2 has room for it, so
+    /// this moves only while the proxy reads.
+    taken: AtomicU64,
     /// The status the stream ends with once the queue is drained and closed (OK when unset).
     /// Set apart from the queue, so a full queue never loses it.
     /// Boxed: most streams never set it.
@@ -121,6 +134,29 @@ impl Outbound {
         *self.shared.ending.lock().expect("not poisoned") = Some(Box::new(status));
     }
 
+    /// Drops what the encoder has not taken (the rest of the response it is writing), for a
+    /// stream given up on because its proxy reads nothing: only what HTTP/2 already holds (two
+    /// pieces at most) stays until the connection goes. If the encoder is ever polled again,
+    /// the stream ends with an error rather than a truncated message followed by more. A
+    /// response still in the queue stays until then (it is one, and usually small).
+    pub fn abandon(&self) {
+        self.shared.abandoned.store(true, Ordering::Release);
+        let dropped: usize =
+            std::mem::take(&mut *self.shared.current.lock().expect("not poisoned"))
+                .iter()
+                .map(Bytes::len)
+                .sum();
+        self.shared
+            .queued_bytes
+            .fetch_sub(dropped, Ordering::Relaxed);
+    }
+
+    /// How many pieces the encoder has taken so far: a count that moves only while the proxy
+    /// reads (HTTP/2 takes a piece only with room in the proxy's window for the one before).
+    pub fn taken(&self) -> u64 {
+        self.shared.taken.load(Ordering::Relaxed)
+    }
+
     /// Responses waiting for the encoder (0 or 1).
     pub fn queued(&self) -> usize {
         QUEUE - self.tx.capacity()
@@ -133,12 +169,11 @@ impl Outbound {
 }
 
 impl Slot {
-    /// Queues a response, framed ([`crate::push::response::Outgoing::frame`]).
-    pub fn send(self, frame: Bytes) {
-        self.shared
-            .queued_bytes
-            .fetch_add(frame.len(), Ordering::Relaxed);
-        self.permit.send(Box::new(frame));
+    /// Queues a response, framed in pieces ([`crate::push::response::Outgoing::pieces`]).
+    pub fn send(self, pieces: Vec<Bytes>) {
+        let bytes: usize = pieces.iter().map(Bytes::len).sum();
+        self.shared.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.permit.send(Box::new(pieces));
     }
 }
 
@@ -146,20 +181,43 @@ impl Stream for Responses {
     type Item = Result<Bytes, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        match self.rx.poll_recv(cx) {
-            Poll::Ready(Some(frame)) => {
+        if self.shared.abandoned.load(Ordering::Acquire) {
+            self.shared.finish();
+            return Poll::Ready(Some(Err(Status::unavailable(
+                "the stream was dropped: the proxy read nothing for the idle timeout",
+            ))));
+        }
+        loop {
+            let piece = self
+                .shared
+                .current
+                .lock()
+                .expect("not poisoned")
+                .pop_front();
+            if let Some(piece) = piece {
+                self.shared.taken.fetch_add(1, Ordering::Relaxed);
                 self.shared
                     .queued_bytes
-                    .fetch_sub(frame.len(), Ordering::Relaxed);
-                Poll::Ready(Some(Ok(*frame)))
+                    .fetch_sub(piece.len(), Ordering::Relaxed);
+                return Poll::Ready(Some(Ok(piece)));
             }
-            Poll::Ready(None) => {
-                let ending = self.shared.ending.lock().expect("not poisoned").take();
-                self.shared.finish();
-                Poll::Ready(ending.map(|status| Err(*status)))
+            match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(pieces)) => {
+                    *self.shared.current.lock().expect("not poisoned") = VecDeque::from(*pieces);
+                }
+                Poll::Ready(None) => return self.end(),
+                Poll::Pending => return Poll::Pending,
             }
-            Poll::Pending => Poll::Pending,
         }
+    }
+}
+
+impl Responses {
+    /// Every sender is gone and the queue is drained: the ending status, if any.
+    fn end(&mut self) -> Poll<Option<Result<Bytes, Status>>> {
+        let ending = self.shared.ending.lock().expect("not poisoned").take();
+        self.shared.finish();
+        Poll::Ready(ending.map(|status| Err(*status)))
     }
 }
 
@@ -174,10 +232,10 @@ mod tests {
     use super::*;
     use futures::StreamExt;
 
-    fn response(nonce: &str, payload: usize) -> Bytes {
+    fn response(nonce: &str, payload: usize) -> Vec<Bytes> {
         let mut frame = nonce.as_bytes().to_vec();
         frame.resize(payload.max(nonce.len()), b'x');
-        Bytes::from(frame)
+        vec![Bytes::from(frame)]
     }
 
     #[tokio::test]
@@ -221,6 +279,26 @@ mod tests {
 
     async fn outbound_drained(drained: &Drained) {
         Drained(drained.0.clone()).wait().await
+    }
+
+    #[tokio::test]
+    async fn pieces_are_taken_one_at_a_time_and_abandon_drops_the_rest() {
+        let (outbound, mut responses) = queue();
+        let pieces: Vec<Bytes> = (0..4).map(|i| Bytes::from(vec![i as u8; 1000])).collect();
+        outbound.reserve().await.unwrap().send(pieces);
+        assert_eq!(outbound.queued_bytes(), 4000);
+        let first = responses.next().await.unwrap().unwrap();
+        assert_eq!(first[..], [0u8; 1000][..]);
+        assert_eq!(outbound.taken(), 1);
+        // The response left the queue (a slot is free) but three pieces wait here.
+        assert_eq!((outbound.queued(), outbound.queued_bytes()), (0, 3000));
+        assert_eq!(responses.next().await.unwrap().unwrap()[0], 1);
+        outbound.abandon();
+        assert_eq!(outbound.queued_bytes(), 0);
+        // Polled again, the stream ends with an error, never the next response's bytes.
+        outbound.reserve().await.unwrap().send(response("9", 10));
+        let status = responses.next().await.unwrap().unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable);
     }
 
     #[tokio::test]

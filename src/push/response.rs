@@ -92,35 +92,101 @@ impl Outgoing<'_> {
     /// The message as one gRPC frame (uncompressed flag, length, bytes) in a buffer of exactly
     /// its size. Fields in field-number order, as prost writes them.
     pub fn frame(&self) -> Bytes {
+        let mut pieces = self.pieces_of(usize::MAX);
+        debug_assert_eq!(pieces.len(), 1);
+        pieces.pop().unwrap_or_default()
+    }
+
+    /// The same frame in pieces of about [`PIECE`] bytes, each in a buffer of its own (cut
+    /// between resources): what the outbound queue sends. HTTP/2 holds only the piece it is
+    /// writing and the next one, so when a proxy stops reading, the rest stays in the queue,
+    /// which drops it if the proxy is dropped ([`crate::push::outbound::Outbound::abandon`]).
+    pub fn pieces(&self) -> Vec<Bytes> {
+        self.pieces_of(PIECE)
+    }
+
+    fn pieces_of(&self, piece: usize) -> Vec<Bytes> {
         let len = self.encoded_len();
-        let mut buf = BytesMut::with_capacity(5 + len);
-        buf.put_u8(0);
-        buf.put_u32(u32::try_from(len).expect("responses are split below 4 GiB"));
+        let total = 5 + len;
+        let mut out = Pieces {
+            piece,
+            total,
+            done: Vec::new(),
+            written: 0,
+            buf: BytesMut::with_capacity(total.min(piece)),
+        };
+        out.buf.put_u8(0);
+        out.buf
+            .put_u32(u32::try_from(len).expect("responses are split below 4 GiB"));
         for r in self.resources {
-            encode_key(RESPONSE_RESOURCES, WireType::LengthDelimited, &mut buf);
-            encode_varint(resource_len(r) as u64, &mut buf);
-            put_field(&mut buf, RESOURCE_VERSION, r.version.digits(&mut [0; 16]));
-            encode_key(RESOURCE_ANY, WireType::LengthDelimited, &mut buf);
-            encode_varint(any_len(r) as u64, &mut buf);
-            put_field(&mut buf, ANY_TYPE_URL, r.type_url().as_bytes());
+            let resource_len = resource_len(r);
+            out.room_for(field_len(RESPONSE_RESOURCES, resource_len));
+            let buf = &mut out.buf;
+            encode_key(RESPONSE_RESOURCES, WireType::LengthDelimited, buf);
+            encode_varint(resource_len as u64, buf);
+            put_field(buf, RESOURCE_VERSION, r.version.digits(&mut [0; 16]));
+            encode_key(RESOURCE_ANY, WireType::LengthDelimited, buf);
+            encode_varint(any_len(r) as u64, buf);
+            put_field(buf, ANY_TYPE_URL, r.type_url().as_bytes());
             let value_len = r.value_len();
             if value_len > 0 {
-                encode_key(ANY_VALUE, WireType::LengthDelimited, &mut buf);
-                encode_varint(value_len as u64, &mut buf);
-                r.write_value(&mut buf);
+                encode_key(ANY_VALUE, WireType::LengthDelimited, buf);
+                encode_varint(value_len as u64, buf);
+                r.write_value(buf);
             }
-            put_field(&mut buf, RESOURCE_NAME, r.name.as_bytes());
+            put_field(buf, RESOURCE_NAME, r.name.as_bytes());
         }
-        put_field(&mut buf, RESPONSE_TYPE_URL, self.type_url.as_bytes());
-        put_field(&mut buf, RESPONSE_NONCE, self.nonce.as_bytes());
+        out.room_for(
+            opt_len(RESPONSE_TYPE_URL, self.type_url.len())
+                + opt_len(RESPONSE_NONCE, self.nonce.len()),
+        );
+        put_field(&mut out.buf, RESPONSE_TYPE_URL, self.type_url.as_bytes());
+        put_field(&mut out.buf, RESPONSE_NONCE, self.nonce.as_bytes());
         for name in self.removed {
             // A removed name is never empty, but keep the repeated field's count exact anyway.
-            encode_key(RESPONSE_REMOVED, WireType::LengthDelimited, &mut buf);
-            encode_varint(name.len() as u64, &mut buf);
+            out.room_for(field_len(RESPONSE_REMOVED, name.len()));
+            let buf = &mut out.buf;
+            encode_key(RESPONSE_REMOVED, WireType::LengthDelimited, buf);
+            encode_varint(name.len() as u64, buf);
             buf.put_slice(name.as_bytes());
         }
-        debug_assert_eq!(buf.len(), 5 + len);
-        buf.freeze()
+        out.finish()
+    }
+}
+
+/// The size the outbound pieces of a response are cut at (between resources).
+pub const PIECE: usize = 64 * 1024;
+
+/// A frame being written in pieces.
+struct Pieces {
+    piece: usize,
+    total: usize,
+    done: Vec<Bytes>,
+    /// Bytes in `done`.
+    written: usize,
+    buf: BytesMut,
+}
+
+impl Pieces {
+    /// Starts a new piece if `next` more bytes would take this one past the piece size.
+    fn room_for(&mut self, next: usize) {
+        if !self.buf.is_empty() && self.buf.len() + next > self.piece {
+            self.written += self.buf.len();
+            let rest = self.total - self.written;
+            let full = std::mem::replace(
+                &mut self.buf,
+                BytesMut::with_capacity(rest.min(self.piece.max(next))),
+            );
+            self.done.push(full.freeze());
+        }
+    }
+
+    fn finish(mut self) -> Vec<Bytes> {
+        debug_assert_eq!(self.written + self.buf.len(), self.total);
+        if !self.buf.is_empty() {
+            self.done.push(self.buf.freeze());
+        }
+        self.done
     }
 }
 
@@ -239,5 +305,45 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// In pieces, the frame is the same bytes, cut between resources into buffers of their own
+    /// of about `PIECE` bytes (one resource larger than that is a piece of its own).
+    #[test]
+    fn pieces_are_the_frame_cut_between_resources() {
+        let mut resources: Vec<Arc<Resource>> = (0..400)
+            .map(|i| resource(&format!("Kubernetes//Pod/ns/pod-{i}"), 400 + i % 7))
+            .collect();
+        resources.insert(200, resource("big", 3 * PIECE));
+        let removed: Vec<String> = (0..5_000)
+            .map(|i| format!("/10.1.{}.{}", i / 250, i % 250))
+            .collect();
+        let case = Outgoing {
+            type_url: "type.googleapis.com/istio.workload.Address",
+            nonce: "2a",
+            resources: &resources,
+            removed: &removed,
+        };
+        let whole = case.frame();
+        let pieces = case.pieces();
+        assert!(pieces.len() >= 6, "{} pieces", pieces.len());
+        let joined: Vec<u8> = pieces.iter().flat_map(|p| p.iter().copied()).collect();
+        assert_eq!(joined, whole.to_vec());
+        let mut big = 0;
+        for piece in &pieces {
+            if piece.len() > PIECE {
+                big += 1;
+                assert!(piece.len() < 3 * PIECE + 1024, "{}", piece.len());
+            }
+        }
+        assert_eq!(big, 1, "only the big resource's piece is over the size");
+        // A small response is one piece.
+        let small = Outgoing {
+            type_url: "t",
+            nonce: "1",
+            resources: &resources[..2],
+            removed: &[],
+        };
+        assert_eq!(small.pieces(), vec![small.frame()]);
     }
 }

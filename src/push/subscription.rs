@@ -19,6 +19,38 @@ use crate::push::known::KnownVersions;
 /// The wildcard subscription name.
 pub const WILDCARD: &str = "*";
 
+/// Names one stream may subscribe to, per type. An on-demand ztunnel asks for the names it
+/// meets, one or a few at a time, and on reconnect lists what it holds (at most every resource
+/// of the mesh): 100,000 is the largest mesh ambientd is sized for (BENCHMARKS.md, T6), so an
+/// honest proxy never reaches it, while a stream asking for names without end would hold
+/// memory without bound (about 0.5 KB per name, BENCHMARKS.md "Overload"). Past it the stream
+/// ends with `RESOURCE_EXHAUSTED`.
+pub const MAX_SUBSCRIBED_NAMES: usize = 100_000;
+
+/// The status a stream ends with when a request would take it past
+/// [`MAX_SUBSCRIBED_NAMES`]; `would_hold` is how many names it would then hold.
+pub fn too_many_names(type_url: &str, would_hold: usize) -> String {
+    format!(
+        "this request would subscribe the stream to {would_hold} names of {type_url}, more than \
+         the limit of {MAX_SUBSCRIBED_NAMES} per stream: subscribe to the wildcard (*) instead"
+    )
+}
+
+/// How many names a first request subscribes to: its subscribe list (not `*`) and, when it
+/// is not a wildcard subscription, the names it holds from an earlier stream.
+pub fn initial_names(request: &DeltaDiscoveryRequest, known: usize) -> usize {
+    let wildcard = Subscription::initial_is_wildcard(
+        &request.resource_names_subscribe,
+        &request.resource_names_unsubscribe,
+    );
+    let named = request
+        .resource_names_subscribe
+        .iter()
+        .filter(|n| *n != WILDCARD)
+        .count();
+    if wildcard { named } else { named + known }
+}
+
 /// What the client subscribed to, for one type.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Subscription {
@@ -37,6 +69,27 @@ impl Subscription {
         };
         subscription.update(subscribe, unsubscribe);
         subscription
+    }
+
+    /// Whether a first request with these lists subscribes to the wildcard.
+    fn initial_is_wildcard(subscribe: &[String], unsubscribe: &[String]) -> bool {
+        let mut wildcard = subscribe.is_empty() || subscribe.iter().any(|n| n == WILDCARD);
+        if unsubscribe.iter().any(|n| n == WILDCARD) {
+            wildcard = false;
+        }
+        wildcard
+    }
+
+    /// How many names this subscription would hold after subscribing to `subscribe` (before
+    /// any unsubscribe in the same request): what [`MAX_SUBSCRIBED_NAMES`] is checked against.
+    pub fn would_hold(&self, subscribe: &[String]) -> usize {
+        let mut new: Vec<&String> = subscribe
+            .iter()
+            .filter(|n| *n != WILDCARD && !self.names.contains(*n))
+            .collect();
+        new.sort_unstable();
+        new.dedup();
+        self.names.len() + new.len()
     }
 
     /// Applies a later request's changes; returns the names newly subscribed (not `*`).

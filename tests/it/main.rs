@@ -29,6 +29,7 @@ mod kube_leader;
 mod kube_token_review;
 mod kube_writes;
 mod listener_security;
+mod overload;
 mod replicas;
 mod route_status;
 mod shutdown;

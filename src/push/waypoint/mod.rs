@@ -372,7 +372,7 @@ impl WaypointConnection {
             resources: &delta.resources,
             removed: &delta.removed,
         }
-        .frame();
+        .pieces();
         let bytes: usize = delta.resources.iter().map(|r| r.value_len()).sum();
         if kind == ResourceType::Cluster {
             self.assignments_follow(&delta.resources);
