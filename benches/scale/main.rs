@@ -15,7 +15,10 @@
 //!
 //! Scenarios: T1 cold build, T2 memory per pod, T3 one pod change, T4 event to the last of S
 //! streams, T5 bytes per pod change per stream, T6 reconnect storm, T7 idle stream memory,
-//! T8 sustained churn (1,000 pod events/s to 1,000 streams through the real index task).
+//! T8 sustained churn (1,000 pod events/s to 1,000 streams through the real index task);
+//! with `--only` only: T10 soak (200 pod events/s to 1,000 streams for an hour, RSS, live
+//! heap and file descriptors each minute: `cargo bench --bench scale -- --only T10 [--quick]`),
+//! T11 failover (1,000 clients of a SIGKILLed replica re-sync on the other: `--only T11`).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -41,11 +44,12 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_util::sync::CancellationToken;
 
-// The allocator the binary uses; with `--features dhat-heap`, dhat's (T7 then writes a heap
-// profile of its idle connections).
+// The allocator the binary uses, counted (`cap::Cap` keeps the bytes in use: T10's live heap;
+// one atomic add per allocation and free); with `--features dhat-heap`, dhat's (T7 then writes
+// a heap profile of its idle connections).
 #[cfg(not(feature = "dhat-heap"))]
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: cap::Cap<mimalloc::MiMalloc> = cap::Cap::new(mimalloc::MiMalloc, usize::MAX);
 #[cfg(feature = "dhat-heap")]
 #[global_allocator]
 static GLOBAL: dhat::Alloc = dhat::Alloc;
@@ -53,10 +57,14 @@ static GLOBAL: dhat::Alloc = dhat::Alloc;
 /// Any single expected network event.
 const WAIT: Duration = Duration::from_secs(30);
 const SCENARIOS: [&str; 8] = ["T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8"];
+/// Scenarios that take many minutes: run only when named with `--only`.
+const LONG_SCENARIOS: [&str; 2] = ["T10", "T11"];
 
 mod cluster;
+mod failover;
 mod pure;
 mod served;
+mod soak;
 mod storm;
 mod sustained;
 
@@ -78,8 +86,12 @@ struct Opts {
     clients: Option<(String, usize)>,
     /// `--t6-clients ADDR COUNT`: the T6 client process.
     t6_clients: Option<(String, usize)>,
-    /// `--t8-clients ADDR COUNT PROBE`: the T8 client process.
+    /// `--t8-clients ADDR COUNT PROBE`: the T8 (and T10) client process.
     t8_clients: Option<(String, usize, String)>,
+    /// `--t11-replica PODS`: T11's replica A.
+    t11_replica: Option<usize>,
+    /// `--t11-clients A B COUNT`: the T11 client process.
+    t11_clients: Option<(String, String, usize)>,
 }
 
 fn opts() -> Opts {
@@ -104,6 +116,18 @@ fn opts() -> Opts {
                     args[i + 1].clone(),
                     args[i + 2].parse().unwrap_or(0),
                     args[i + 3].clone(),
+                ));
+                i += 3;
+            }
+            "--t11-replica" if i + 1 < args.len() => {
+                i += 1;
+                o.t11_replica = args[i].parse().ok();
+            }
+            "--t11-clients" if i + 3 < args.len() => {
+                o.t11_clients = Some((
+                    args[i + 1].clone(),
+                    args[i + 2].clone(),
+                    args[i + 3].parse().unwrap_or(0),
                 ));
                 i += 3;
             }
@@ -249,6 +273,8 @@ fn run_child(name: &str, o: &Opts) {
         "T6" => t6(o),
         "T7" => t7(o),
         "T8" => t8(o),
+        "T10" => soak::t10(o),
+        "T11" => failover::t11(o),
         other => eprintln!("unknown scenario {other}"),
     }
 }
@@ -320,6 +346,14 @@ fn main() {
         t8_clients_process(address, *count, probe);
         return;
     }
+    if let Some(pods) = o.t11_replica {
+        failover::t11_replica_process(pods);
+        return;
+    }
+    if let Some((a, b, count)) = &o.t11_clients {
+        failover::t11_clients_process(a, b, *count);
+        return;
+    }
     if let Some((address, count)) = &o.clients {
         clients_process(address, *count);
         return;
@@ -339,10 +373,22 @@ fn main() {
     );
     let limit = Duration::from_secs(if o.quick { 120 } else { 900 });
     let mut rows = Vec::new();
-    for name in SCENARIOS {
-        if !o.only.is_empty() && !o.only.iter().any(|s| s == name) {
+    for name in SCENARIOS.into_iter().chain(LONG_SCENARIOS) {
+        let named = o.only.iter().any(|s| s == name);
+        if (!o.only.is_empty() || LONG_SCENARIOS.contains(&name)) && !named {
             continue;
         }
+        let limit = match name {
+            // Its own length (`SCALE_SOAK_MINUTES`) and ten minutes to set up and finish.
+            "T10" => Duration::from_secs(
+                60 * std::env::var("SCALE_SOAK_MINUTES")
+                    .ok()
+                    .and_then(|m| m.parse().ok())
+                    .unwrap_or(if o.quick { 3 } else { 60 })
+                    + 600,
+            ),
+            _ => limit,
+        };
         let started = Instant::now();
         let got = spawn_scenario(name, &o, limit);
         eprintln!("{name} done in {:.1?}", started.elapsed());

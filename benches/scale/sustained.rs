@@ -15,7 +15,7 @@ use super::*;
 use ambientd::discovery::Event;
 use ambientd::push::Debounce;
 
-fn env_or(name: &str, default: usize) -> usize {
+pub(super) fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
@@ -34,7 +34,7 @@ fn debounce() -> Debounce {
 }
 
 /// The probe pod: pod 0 with `version: probe-N`.
-fn probe(spec: &Spec, n: usize) -> Object {
+pub(super) fn probe(spec: &Spec, n: usize) -> Object {
     let mut value = pod_json(spec, 0, true);
     value["metadata"]["labels"]["version"] = json!(format!("probe-{n}"));
     decode_one(value)
@@ -254,7 +254,7 @@ async fn sustained(
 /// Probe arrivals, folded as they come: for each probe, how many streams hold it or a later
 /// one, and when the last of them got there. O(probes + streams), whatever the run's length.
 #[derive(Default)]
-struct Convergence {
+pub(super) struct Convergence {
     /// Per stream: the newest probe it has received.
     newest: Vec<Option<usize>>,
     /// Per probe: streams that hold it or a later one, and the latest time one got there.
@@ -262,9 +262,18 @@ struct Convergence {
 }
 
 impl Convergence {
+    /// With room for `streams` streams and `probes` probes, so that a run of the expected
+    /// length does not grow it.
+    pub(super) fn with_capacity(streams: usize, probes: usize) -> Convergence {
+        Convergence {
+            newest: Vec::with_capacity(streams),
+            reached: Vec::with_capacity(probes),
+        }
+    }
+
     /// Stream `id` received probe `n` at `at` (µs since the epoch). A stream's arrivals come in
     /// time order, so this is the first time it holds every probe after its previous newest.
-    fn arrival(&mut self, id: usize, n: usize, at: u128) {
+    pub(super) fn arrival(&mut self, id: usize, n: usize, at: u128) {
         if self.newest.len() <= id {
             self.newest.resize(id + 1, None);
         }
@@ -280,7 +289,7 @@ impl Convergence {
     }
 
     /// When probe `n` had reached all of `streams`; `None` if some never got it.
-    fn converged(&self, n: usize, streams: usize) -> Option<u128> {
+    pub(super) fn converged(&self, n: usize, streams: usize) -> Option<u128> {
         self.reached
             .get(n)
             .filter(|(count, _)| *count >= streams && streams > 0)
@@ -354,7 +363,7 @@ pub(super) fn t8(o: &Opts) {
     ));
 }
 
-fn epoch_micros() -> u128 {
+pub(super) fn epoch_micros() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros())
@@ -362,7 +371,8 @@ fn epoch_micros() -> u128 {
 }
 
 /// The T8 client process: `count` ztunnel-shaped streams that ACK every response and report
-/// each arrival of the probe pod (`P stream probe micros`), until stdin closes.
+/// each arrival of the probe pod (`P stream probe micros`), until stdin closes (T10 runs
+/// them too).
 ///
 /// The streams are raw HTTP/2 (h2, with hyper's client windows: 2 MiB per stream, 5 MiB per
 /// connection, as the tonic clients had) speaking delta ADS over gRPC framing: the same
@@ -428,7 +438,10 @@ pub(super) fn t8_clients_process(address: &str, count: usize, probe_uid: &str) {
                 .unwrap_or(false)
             {}
         });
-        let _ = tokio::time::timeout(Duration::from_secs(900), stdin).await;
+        // At most 900 s (or `SCALE_CLIENTS_SECONDS`, which T10 sets to its run's length),
+        // should the parent never close stdin.
+        let limit = env_or("SCALE_CLIENTS_SECONDS", 900) as u64;
+        let _ = tokio::time::timeout(Duration::from_secs(limit), stdin).await;
         stop.cancel();
         readers.shutdown().await;
         let _ = lines.send(format!(

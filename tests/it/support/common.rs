@@ -194,6 +194,11 @@ impl XdsClient {
             .expect("no message within the wait")
     }
 
+    /// The next item with no time limit, for a caller that bounds its waits itself.
+    pub async fn next_untimed(&mut self) -> Result<Option<DeltaDiscoveryResponse>, tonic::Status> {
+        self.responses.message().await
+    }
+
     /// Asserts nothing arrives for `quiet`.
     pub async fn expect_silence(&mut self, quiet: Duration) {
         if let Ok(message) = tokio::time::timeout(quiet, self.responses.message()).await {
