@@ -177,6 +177,11 @@ impl XdsClient {
             .expect("request stream closed");
     }
 
+    /// Sends unless the stream has ended (its requests are no longer read); `false` then.
+    pub async fn try_send(&self, request: DeltaDiscoveryRequest) -> bool {
+        self.requests.send(request).await.is_ok()
+    }
+
     /// The next response; fails the test if none comes in time or the stream ends.
     pub async fn recv(&mut self) -> DeltaDiscoveryResponse {
         match tokio::time::timeout(WAIT, self.responses.message()).await {
