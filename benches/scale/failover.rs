@@ -399,6 +399,16 @@ struct RunResult {
     full_bytes: usize,
 }
 
+/// A child process, killed and reaped when dropped (a run that gives up early leaves none).
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 async fn one_run(pods: usize, clients: usize, gap: usize) -> Option<RunResult> {
     let spec = Spec::new(pods);
     let docs = cluster_json(&spec);
@@ -406,27 +416,31 @@ async fn one_run(pods: usize, clients: usize, gap: usize) -> Option<RunResult> {
     drop(docs);
     let b = serve(snapshot).await;
     let exe = std::env::current_exe().expect("exe");
-    let mut a = Command::new(&exe)
-        .args(["--t11-replica", &pods.to_string()])
-        .stdout(Stdio::piped())
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("spawn replica A");
-    let mut a_lines = lines_of(a.stdout.take().expect("stdout"));
+    let mut a = Reaped(
+        Command::new(&exe)
+            .args(["--t11-replica", &pods.to_string()])
+            .stdout(Stdio::piped())
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("spawn replica A"),
+    );
+    let mut a_lines = lines_of(a.0.stdout.take().expect("stdout"));
     let a_address = line_starting(&mut a_lines, "ADDR ").await?;
-    let mut c = Command::new(&exe)
-        .args([
-            "--t11-clients",
-            &a_address,
-            &b.address.to_string(),
-            &clients.to_string(),
-        ])
-        .stdout(Stdio::piped())
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("spawn the T11 clients");
-    let mut c_stdin = c.stdin.take().expect("stdin");
-    let mut c_lines = lines_of(c.stdout.take().expect("stdout"));
+    let mut c = Reaped(
+        Command::new(&exe)
+            .args([
+                "--t11-clients",
+                &a_address,
+                &b.address.to_string(),
+                &clients.to_string(),
+            ])
+            .stdout(Stdio::piped())
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("spawn the T11 clients"),
+    );
+    let mut c_stdin = c.0.stdin.take().expect("stdin");
+    let mut c_lines = lines_of(c.0.stdout.take().expect("stdout"));
     let ready: Vec<usize> = line_starting(&mut c_lines, "READY ")
         .await?
         .split_whitespace()
@@ -450,8 +464,8 @@ async fn one_run(pods: usize, clients: usize, gap: usize) -> Option<RunResult> {
     line_starting(&mut c_lines, "ARMED").await?;
 
     let killed = epoch_micros();
-    let _ = a.kill();
-    let _ = a.wait();
+    let _ = a.0.kill();
+    let _ = a.0.wait();
     let mut result = RunResult {
         resynced: Vec::new(),
         noticed: Vec::new(),
@@ -489,7 +503,7 @@ async fn one_run(pods: usize, clients: usize, gap: usize) -> Option<RunResult> {
         }
     }
     drop(c_stdin);
-    let _ = tokio::task::spawn_blocking(move || c.wait()).await;
+    let _ = tokio::task::spawn_blocking(move || c.0.wait()).await;
     b.stop.cancel();
     Some(result)
 }
