@@ -17,7 +17,10 @@
 //! streams, T5 bytes per pod change per stream, T6 reconnect storm, T7 idle stream memory,
 //! T8 sustained churn (1,000 pod events/s to 1,000 streams through the real index task), T9
 //! overload (5,000 streams at once, a quarter of them slow, under churn; beside T9-BASE, the
-//! same without the slow ones), T10 on-demand names (streams subscribed to 100k names each).
+//! same without the slow ones), T10 on-demand names (streams subscribed to 100k names each);
+//! with `--only` only: T11 soak (200 pod events/s to 1,000 streams for an hour, RSS, live
+//! heap and file descriptors each minute: `cargo bench --bench scale -- --only T11 [--quick]`),
+//! T12 failover (1,000 clients of a SIGKILLed replica re-sync on the other: `--only T12`).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -43,11 +46,12 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_util::sync::CancellationToken;
 
-// The allocator the binary uses; with `--features dhat-heap`, dhat's (T7 then writes a heap
-// profile of its idle connections).
+// The allocator the binary uses, counted (`cap::Cap` keeps the bytes in use: T10's live heap;
+// one atomic add per allocation and free); with `--features dhat-heap`, dhat's (T7 then writes
+// a heap profile of its idle connections).
 #[cfg(not(feature = "dhat-heap"))]
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: cap::Cap<mimalloc::MiMalloc> = cap::Cap::new(mimalloc::MiMalloc, usize::MAX);
 #[cfg(feature = "dhat-heap")]
 #[global_allocator]
 static GLOBAL: dhat::Alloc = dhat::Alloc;
@@ -55,12 +59,16 @@ static GLOBAL: dhat::Alloc = dhat::Alloc;
 /// Any single expected network event.
 const WAIT: Duration = Duration::from_secs(30);
 const SCENARIOS: [&str; 10] = ["T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T9", "T10"];
+/// Scenarios that take many minutes: run only when named with `--only`.
+const LONG_SCENARIOS: [&str; 2] = ["T11", "T12"];
 
 mod cluster;
+mod failover;
 mod names;
 mod overload;
 mod pure;
 mod served;
+mod soak;
 mod storm;
 mod sustained;
 
@@ -82,12 +90,16 @@ struct Opts {
     clients: Option<(String, usize)>,
     /// `--t6-clients ADDR COUNT`: the T6 client process.
     t6_clients: Option<(String, usize)>,
-    /// `--t8-clients ADDR COUNT PROBE`: the T8 client process.
+    /// `--t8-clients ADDR COUNT PROBE`: the T8 (and T10) client process.
     t8_clients: Option<(String, usize, String)>,
     /// `--t9-clients ADDR FAST SLOW PROBE`: the T9 client process.
     t9_clients: Option<(String, usize, usize, String)>,
     /// `--t10-clients ADDR STREAMS PODS NAMES`: the T10 client process.
     t10_clients: Option<(String, usize, usize, usize)>,
+    /// `--t12-replica PODS`: T12's replica A.
+    t12_replica: Option<usize>,
+    /// `--t12-clients A B COUNT`: the T12 client process.
+    t12_clients: Option<(String, String, usize)>,
 }
 
 fn opts() -> Opts {
@@ -132,6 +144,17 @@ fn opts() -> Opts {
                     args[i + 4].clone(),
                 ));
                 i += 4;
+            "--t12-replica" if i + 1 < args.len() => {
+                i += 1;
+                o.t12_replica = args[i].parse().ok();
+            }
+            "--t12-clients" if i + 3 < args.len() => {
+                o.t12_clients = Some((
+                    args[i + 1].clone(),
+                    args[i + 2].clone(),
+                    args[i + 3].parse().unwrap_or(0),
+                ));
+                i += 3;
             }
             "--t6-clients" if i + 2 < args.len() => {
                 o.t6_clients = Some((args[i + 1].clone(), args[i + 2].parse().unwrap_or(0)));
@@ -278,6 +301,8 @@ fn run_child(name: &str, o: &Opts) {
         "T9" => overload::t9(o, true),
         "T9-BASE" => overload::t9(o, false),
         "T10" => names::t10(o),
+        "T11" => soak::t11(o),
+        "T12" => failover::t12(o),
         other => eprintln!("unknown scenario {other}"),
     }
 }
@@ -357,6 +382,14 @@ fn main() {
         overload::t9_clients_process(address, *fast, *slow, probe);
         return;
     }
+    if let Some(pods) = o.t12_replica {
+        failover::t12_replica_process(pods);
+        return;
+    }
+    if let Some((a, b, count)) = &o.t12_clients {
+        failover::t12_clients_process(a, b, *count);
+        return;
+    }
     if let Some((address, count)) = &o.clients {
         clients_process(address, *count);
         return;
@@ -376,10 +409,22 @@ fn main() {
     );
     let limit = Duration::from_secs(if o.quick { 120 } else { 900 });
     let mut rows = Vec::new();
-    for name in SCENARIOS {
-        if !o.only.is_empty() && !o.only.iter().any(|s| s == name) {
+    for name in SCENARIOS.into_iter().chain(LONG_SCENARIOS) {
+        let named = o.only.iter().any(|s| s == name);
+        if (!o.only.is_empty() || LONG_SCENARIOS.contains(&name)) && !named {
             continue;
         }
+        let limit = match name {
+            // Its own length (`SCALE_SOAK_MINUTES`) and ten minutes to set up and finish.
+            "T11" => Duration::from_secs(
+                60 * std::env::var("SCALE_SOAK_MINUTES")
+                    .ok()
+                    .and_then(|m| m.parse().ok())
+                    .unwrap_or(if o.quick { 3 } else { 60 })
+                    + 600,
+            ),
+            _ => limit,
+        };
         // T9 runs beside its baseline (the same fast streams, no slow ones).
         let children: &[&str] = if name == "T9" {
             &["T9-BASE", "T9"]

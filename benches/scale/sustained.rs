@@ -262,6 +262,15 @@ pub(super) struct Convergence {
 }
 
 impl Convergence {
+    /// With room for `streams` streams and `probes` probes, so that a run of the expected
+    /// length does not grow it.
+    pub(super) fn with_capacity(streams: usize, probes: usize) -> Convergence {
+        Convergence {
+            newest: Vec::with_capacity(streams),
+            reached: Vec::with_capacity(probes),
+        }
+    }
+
     /// Stream `id` received probe `n` at `at` (µs since the epoch). A stream's arrivals come in
     /// time order, so this is the first time it holds every probe after its previous newest.
     pub(super) fn arrival(&mut self, id: usize, n: usize, at: u128) {
@@ -362,7 +371,8 @@ pub(super) fn epoch_micros() -> u128 {
 }
 
 /// The T8 client process: `count` ztunnel-shaped streams that ACK every response and report
-/// each arrival of the probe pod (`P stream probe micros`), until stdin closes.
+/// each arrival of the probe pod (`P stream probe micros`), until stdin closes (T11 runs
+/// them too).
 ///
 /// The streams are raw HTTP/2 (h2, with hyper's client windows: 2 MiB per stream, 5 MiB per
 /// connection, as the tonic clients had) speaking delta ADS over gRPC framing: the same
@@ -428,7 +438,10 @@ pub(super) fn t8_clients_process(address: &str, count: usize, probe_uid: &str) {
                 .unwrap_or(false)
             {}
         });
-        let _ = tokio::time::timeout(Duration::from_secs(900), stdin).await;
+        // At most 900 s (or `SCALE_CLIENTS_SECONDS`, which T11 sets to its run's length),
+        // should the parent never close stdin.
+        let limit = env_or("SCALE_CLIENTS_SECONDS", 900) as u64;
+        let _ = tokio::time::timeout(Duration::from_secs(limit), stdin).await;
         stop.cancel();
         readers.shutdown().await;
         let _ = lines.send(format!(

@@ -20,6 +20,7 @@ mod chart_rbac;
 mod chart_rbac_calls;
 mod debug;
 mod debug_browser;
+mod failover;
 mod ip_allocate;
 mod kube;
 mod kube_e2e;

@@ -6,10 +6,9 @@ use crate::support::ca as ca_support;
 use crate::support::common as support;
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::process::Replica;
 use ambientd::pb::istio::v1::auth::{IstioCertificateRequest, IstioCertificateResponse};
 use ca_support::*;
 use support::XdsClient;
@@ -37,56 +36,12 @@ status: {phase: Running, podIP: 10.244.1.10, conditions: [{type: Ready, status: 
 const WEB: &str = "spiffe://cluster.local/ns/demo/sa/web";
 const GRACE: Duration = Duration::from_secs(8);
 
-/// A port free right now on 127.0.0.1 (bound, then released for the binary to take).
-fn free_port() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr")
-}
-
-/// Kills the child if the test fails before it exits.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn wait_ready(debug: SocketAddr) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if tokio::net::TcpStream::connect(debug).await.is_ok()
-            && support::http_get(debug, "/ready").await.0 == 200
-        {
-            return;
-        }
-        assert!(Instant::now() < deadline, "ambientd never became ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test]
 async fn sigterm_ends_streams_lets_a_csr_finish_and_exits_zero_within_the_grace() {
     let manifests = support::Manifests::new(&[("mesh.yaml", MESH)]);
     let ca_dir = tempfile::tempdir().unwrap();
-    let (xds, tls, debug) = (free_port(), free_port(), free_port());
-    let child = Command::new(env!("CARGO_BIN_EXE_ambientd"))
-        .arg("serve")
-        .arg("--manifests")
-        .arg(manifests.root())
-        .arg("--ca-dir")
-        .arg(ca_dir.path())
-        .args(["--xds-address", &xds.to_string()])
-        .args(["--xds-tls-address", &tls.to_string()])
-        .args(["--debug-address", &debug.to_string()])
-        .args(["--shutdown-grace", &format!("{}s", GRACE.as_secs())])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the ambientd binary");
-    let mut process = Process(child);
-    wait_ready(debug).await;
+    let mut process = Replica::start(manifests.root(), ca_dir.path(), GRACE).await;
+    let (xds, tls) = (process.xds, process.tls);
 
     // A proxy with an open, synced stream.
     let mut proxy = XdsClient::connect_to(xds, |e| e).await;
@@ -126,11 +81,7 @@ async fn sigterm_ends_streams_lets_a_csr_finish_and_exits_zero_within_the_grace(
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let signalled = Instant::now();
-    let kill = Command::new("kill")
-        .args(["-TERM", &process.0.id().to_string()])
-        .status()
-        .expect("run kill");
-    assert!(kill.success());
+    process.signal("TERM");
 
     // The stream ends with Unavailable "transport is closing", as grpc-go's draining server
     // ends it (ztunnel reconnects after 10 ms, without a warning), well before the grace period.
@@ -158,16 +109,12 @@ async fn sigterm_ends_streams_lets_a_csr_finish_and_exits_zero_within_the_grace(
     );
 
     // The process exits 0, without waiting out the grace period.
-    let status = loop {
-        if let Some(status) = process.0.try_wait().expect("wait") {
-            break status;
-        }
-        assert!(
-            signalled.elapsed() < GRACE,
-            "ambientd did not exit within its {GRACE:?} grace period"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let status = process
+        .exit_by(
+            signalled + GRACE,
+            &format!("within its {GRACE:?} grace period"),
+        )
+        .await;
     let exited = signalled.elapsed();
     assert!(status.success(), "exit status {status}");
     assert!(exited < GRACE / 2, "exited only after {exited:?}");

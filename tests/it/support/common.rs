@@ -177,6 +177,11 @@ impl XdsClient {
             .expect("request stream closed");
     }
 
+    /// Sends unless the stream has ended (its requests are no longer read); `false` then.
+    pub async fn try_send(&self, request: DeltaDiscoveryRequest) -> bool {
+        self.requests.send(request).await.is_ok()
+    }
+
     /// The next response; fails the test if none comes in time or the stream ends.
     pub async fn recv(&mut self) -> DeltaDiscoveryResponse {
         match tokio::time::timeout(WAIT, self.responses.message()).await {
@@ -203,6 +208,11 @@ impl XdsClient {
             Ok(Ok(None)) => panic!("stream ended"),
             Ok(Ok(Some(response))) => Some(response),
         }
+    }
+
+    /// The next item with no time limit, for a caller that bounds its waits itself.
+    pub async fn next_untimed(&mut self) -> Result<Option<DeltaDiscoveryResponse>, tonic::Status> {
+        self.responses.message().await
     }
 
     /// Asserts nothing arrives for `quiet`.

@@ -15,6 +15,7 @@ pub mod hbone;
 pub mod https;
 pub mod identity;
 pub mod kube;
+pub mod process;
 #[allow(dead_code)] // The waypoint harness: waypoint_harness.rs proves it, not all of it.
 pub mod sds;
 pub mod xds;
