@@ -144,6 +144,7 @@ fn opts() -> Opts {
                     args[i + 4].clone(),
                 ));
                 i += 4;
+            }
             "--t12-replica" if i + 1 < args.len() => {
                 i += 1;
                 o.t12_replica = args[i].parse().ok();
