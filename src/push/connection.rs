@@ -176,35 +176,44 @@ impl Connection {
                     taken_since = self.outbound.taken();
                 }
                 let idle_deadline = self.idle_timeout.zip(waiting_since).map(|(i, w)| w + i);
-                let removals_due = self
+                let removals_due: Option<tokio::time::Instant> = self
                     .types
                     .iter()
                     .filter_map(|(_, s)| s.removals_due_at())
-                    .min();
+                    .min()
+                    .map(Into::into);
+                // One timer for both deadlines: each `Sleep` would sit in every idle
+                // connection's task.
+                let timer = match (idle_deadline, removals_due) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
                 let outbound = self.outbound.clone();
                 tokio::select! {
                     biased;
                     _ = self.shutdown.cancelled() => break End::Shutdown,
                     _ = &mut expiry, if self.expires.is_some() => break End::Expired,
-                    _ = tokio::time::sleep_until(idle_deadline.unwrap_or_else(tokio::time::Instant::now)),
-                        if idle_deadline.is_some() => {
-                        if self.outbound.taken() != taken_since {
-                            // The proxy read meanwhile: wait afresh.
-                            waiting_since = None;
-                        } else if self.stalled() {
-                            break End::Idle(self.idle_timeout.unwrap_or_default());
+                    _ = tokio::time::sleep_until(timer.unwrap_or_else(tokio::time::Instant::now)),
+                        if timer.is_some() => {
+                        let now = tokio::time::Instant::now();
+                        if idle_deadline.is_some_and(|at| at <= now) {
+                            if self.outbound.taken() != taken_since {
+                                // The proxy read meanwhile: wait afresh.
+                                waiting_since = None;
+                            } else if self.stalled() {
+                                break End::Idle(self.idle_timeout.unwrap_or_default());
+                            }
                         }
-                    }
-                    _ = tokio::time::sleep_until(removals_due.map_or_else(tokio::time::Instant::now, Into::into)),
-                        if removals_due.is_some() => {
-                        let now = std::time::Instant::now();
-                        let kinds: Vec<TypeKind> = self.types.keys().collect();
-                        for kind in kinds {
-                            if let Some(state) = self.types.get_mut(&kind)
-                                && state.removals_due_at().is_some_and(|at| at <= now)
-                            {
-                                state.removals_woken();
-                                self.dirty.insert(kind);
+                        if removals_due.is_some_and(|at| at <= now) {
+                            let now = std::time::Instant::now();
+                            let kinds: Vec<TypeKind> = self.types.keys().collect();
+                            for kind in kinds {
+                                if let Some(state) = self.types.get_mut(&kind)
+                                    && state.removals_due_at().is_some_and(|at| at <= now)
+                                {
+                                    state.removals_woken();
+                                    self.dirty.insert(kind);
+                                }
                             }
                         }
                     }

@@ -6,10 +6,10 @@
 //! - every client is in sync with B within `SYNC_BOUND` of the kill;
 //! - no response, from either replica, ever carries a resource at the version the client
 //!   already holds (versions are content hashes, so B knows A's);
-//! - no response ever removes a resource that still exists, but for one known limit: a
-//!   survivor that has not yet seen a pod the dead replica had pushed (created within `LAG`
-//!   of the kill) lists it as removed in its first response to a moved client, and sends it
-//!   again once it catches up (docs/deployment.md, "Failover"; the test prints these);
+//! - no response ever removes a resource that still exists, not even a pod the dead replica
+//!   had pushed moments before the kill that the survivor has not seen yet: the survivor
+//!   holds a moved client's names it lacks for `--reconnect-removal-grace` (2 s by default,
+//!   as the replicas here run) and has them by then (docs/deployment.md, "Failover");
 //! - a certificate request in flight on A when it dies fails, and the same request to B is
 //!   signed under the root the client trusts.
 //!
@@ -21,7 +21,7 @@ use crate::support::common as support;
 use crate::support::process::Replica;
 use crate::support::xds::{CLUSTER, SERVICES, pod};
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -44,8 +44,6 @@ const STABLE: usize = 10;
 /// Short-lived pods alive at once: each churn step adds one and deletes the oldest.
 const EPHEMERAL: usize = 4;
 const CHURN_EVERY: Duration = Duration::from_millis(50);
-/// How far the survivor may lag the replica that died (see `apply`).
-const LAG: Duration = Duration::from_secs(1);
 const WEB: &str = "spiffe://cluster.local/ns/demo/sa/web";
 
 const POLICY: &str = r#"
@@ -100,14 +98,7 @@ type Held = [BTreeMap<String, String>; 2];
 struct Shared {
     /// Resources whose objects the churn has deleted (recorded before the file is written).
     deleted: Mutex<HashSet<String>>,
-    /// When the churn wrote each ephemeral pod's object.
-    added: Mutex<HashMap<String, Instant>>,
-    /// When A was killed.
-    killed: Mutex<Option<Instant>>,
     violations: Mutex<Vec<String>>,
-    /// Removals of resources that still exist, allowed only as a lagging survivor's: see
-    /// `apply`.
-    lagging: Mutex<Vec<String>>,
 }
 
 #[derive(Clone, Default)]
@@ -127,19 +118,7 @@ fn type_index(type_url: &str) -> usize {
 
 /// Applies a response to `held`, recording a violation for a resource re-sent at the version
 /// held, or a removal of a resource that was not deleted.
-///
-/// One exception, a known limit (docs/deployment.md, "Failover"): the survivor's first
-/// response to a moved client removes what it has not seen yet (a pod the dead replica had
-/// already pushed, created moments before the kill: within `LAG`); it sends it again once it
-/// catches up, which the final comparison with the survivor's state checks. `reconnect` says
-/// whether `response` is that first response.
-fn apply(
-    who: &str,
-    held: &mut Held,
-    response: &DeltaDiscoveryResponse,
-    shared: &Shared,
-    reconnect: bool,
-) {
+fn apply(who: &str, held: &mut Held, response: &DeltaDiscoveryResponse, shared: &Shared) {
     let map = &mut held[type_index(&response.type_url)];
     for resource in &response.resources {
         if map.get(&resource.name) == Some(&resource.version) {
@@ -151,24 +130,7 @@ fn apply(
         map.insert(resource.name.clone(), resource.version.clone());
     }
     for name in &response.removed_resources {
-        let lagging = || {
-            let killed = shared
-                .killed
-                .lock()
-                .unwrap()
-                .expect("removals only after the kill");
-            let added = shared.added.lock().unwrap().get(name).copied();
-            reconnect && added.is_some_and(|at| at + LAG > killed)
-        };
-        if shared.deleted.lock().unwrap().contains(name) {
-            // Gone from the inputs: a removal is right.
-        } else if lagging() {
-            shared
-                .lagging
-                .lock()
-                .unwrap()
-                .push(format!("{who}: {name}"));
-        } else {
+        if !shared.deleted.lock().unwrap().contains(name) {
             shared
                 .violations
                 .lock()
@@ -214,8 +176,6 @@ async fn follow(
         let mut client = XdsClient::connect_to(address, |e| e).await;
         subscribe(&client, &held).await;
         report.send_modify(|r| r.on = Some(address));
-        // Per type: whether its first response on this stream is still to come.
-        let mut first = [attempt > 0; 2];
         loop {
             let message = tokio::select! {
                 _ = stop.cancelled() => return None,
@@ -223,8 +183,7 @@ async fn follow(
             };
             match message {
                 Ok(Some(response)) => {
-                    let reconnect = std::mem::take(&mut first[type_index(&response.type_url)]);
-                    apply(&who, &mut held, &response, &shared, reconnect);
+                    apply(&who, &mut held, &response, &shared);
                     // The stream may have just died (A killed): the next read says so.
                     let _ = client
                         .try_send(DeltaDiscoveryRequest {
@@ -291,7 +250,7 @@ async fn truth(b: SocketAddr, final_step: usize, shared: &Shared) -> Held {
                 finals.remove(&name);
             }
         }
-        apply("truth", &mut held, &response, shared, false);
+        apply("truth", &mut held, &response, shared);
         client.ack(&response).await;
         assert!(
             Instant::now() < deadline,
@@ -356,8 +315,6 @@ async fn sigkill_one_replica_its_clients_resync_on_the_other_and_sigterm_drains(
                 let last = stop_churn.is_cancelled();
                 step += 1;
                 shared.deleted.lock().unwrap().insert(eph_uid(step - 1));
-                let newest = eph_uid(step + EPHEMERAL - 1);
-                shared.added.lock().unwrap().insert(newest, Instant::now());
                 manifests.write("churn.yaml", &churn_file(step, last));
                 if last {
                     return step;
@@ -411,7 +368,6 @@ async fn sigkill_one_replica_its_clients_resync_on_the_other_and_sigterm_drains(
 
     // SIGKILL A mid-churn; the churn goes on for a second, then writes its final state.
     let killed = Instant::now();
-    *shared.killed.lock().unwrap() = Some(killed);
     a.signal("KILL");
     let status = a.exit_by(killed + support::WAIT, "after SIGKILL").await;
     assert!(!status.success(), "A was killed: {status}");
@@ -471,8 +427,6 @@ async fn sigkill_one_replica_its_clients_resync_on_the_other_and_sigterm_drains(
         .map(|at| at.duration_since(killed))
         .max();
     eprintln!("failover: every moved client heard from B within {first_heard:?} of the kill");
-    let lagging = shared.lagging.lock().unwrap().clone();
-    eprintln!("failover: removals of resources B had not seen yet, sent again since: {lagging:?}");
     eprintln!(
         "failover: all {} clients in sync with B {resynced:?} after the kill",
         clients.len()
