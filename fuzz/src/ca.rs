@@ -82,7 +82,10 @@ fn build() -> Ca {
     );
     let state = Arc::new(CaState {
         signer: ArcSwap::from_pointee(loaded.signer),
-        authenticators: Authenticators::new(vec![Arc::new(ClientCertAuthenticator), Arc::new(jwt)]),
+        authenticators: Authenticators::new(vec![
+            Arc::new(ClientCertAuthenticator::new(TRUST_DOMAIN)),
+            Arc::new(jwt),
+        ]),
         policy: Policy {
             trusted_node_accounts: vec![(ZTUNNEL.0.to_string(), ZTUNNEL.1.to_string())],
             trust_domain: TRUST_DOMAIN.to_string(),
@@ -91,6 +94,7 @@ fn build() -> Ca {
         pods: Arc::new(pods),
         metrics: Arc::new(Metrics::new()),
         root_bundle: tokio::sync::watch::channel(String::new()).0,
+        csr_limits: Default::default(),
     });
     let subject = Subject {
         namespace: ZTUNNEL.0.to_string(),

@@ -67,6 +67,7 @@ fn servers() -> &'static Servers {
             settings: Settings::default(),
             log_filter: None,
             authenticators: None,
+            source_health: None,
         });
         let debug = Arc::new(debug);
         let plain = AdsServer::new(snapshots.clone(), registry.clone(), metrics.clone())
