@@ -619,29 +619,16 @@ async fn slow_stream(
     started: Instant,
 ) -> anyhow::Result<SlowEnd> {
     use bytes::Buf;
-    let tcp = tokio::net::TcpStream::connect(address).await?;
-    tcp.set_nodelay(true)?;
     let window = if kind == Slow::Stuck {
         64 * 1024
     } else {
         16 * 1024
     };
-    let (send, connection) = h2::client::Builder::new()
-        .initial_window_size(window)
-        .initial_connection_window_size(64 * 1024)
-        .handshake(tcp)
-        .await?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    let mut send = send.ready().await?;
-    let request = tonic::codegen::http::Request::builder()
-        .method("POST")
-        .uri(format!("http://{address}{}", storm::DELTA_PATH))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())?;
-    let (response, mut requests) = send.send_request(request, false)?;
+    let storm::RawStream {
+        send: _send,
+        mut requests,
+        response,
+    } = storm::open_delta(address, Some((window, 64 * 1024))).await?;
     for type_url in [ADDRESS_TYPE, AUTHORIZATION_TYPE] {
         requests.send_data(
             storm::grpc_frame(&DeltaDiscoveryRequest {

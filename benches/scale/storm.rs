@@ -26,6 +26,47 @@ pub(super) fn grpc_frame(message: &impl Message) -> Bytes {
     buf.freeze()
 }
 
+/// A raw delta ADS stream on its own HTTP/2 connection: the connection's handle (kept, or the
+/// connection closes), the request body, and the response, its headers still to come.
+pub(super) struct RawStream {
+    pub(super) send: h2::client::SendRequest<Bytes>,
+    pub(super) requests: h2::SendStream<Bytes>,
+    pub(super) response: h2::client::ResponseFuture,
+}
+
+/// Connects to `address` and opens a `DeltaAggregatedResources` stream, with these HTTP/2
+/// windows (stream, connection) or, `None`, h2's defaults (64 KiB).
+pub(super) async fn open_delta(
+    address: std::net::SocketAddr,
+    windows: Option<(u32, u32)>,
+) -> anyhow::Result<RawStream> {
+    let tcp = tokio::net::TcpStream::connect(address).await?;
+    tcp.set_nodelay(true)?;
+    let mut builder = h2::client::Builder::new();
+    if let Some((stream, connection)) = windows {
+        builder
+            .initial_window_size(stream)
+            .initial_connection_window_size(connection);
+    }
+    let (send, connection) = builder.handshake(tcp).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let mut send = send.ready().await?;
+    let request = tonic::codegen::http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{address}{DELTA_PATH}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())?;
+    let (response, requests) = send.send_request(request, false)?;
+    Ok(RawStream {
+        send,
+        requests,
+        response,
+    })
+}
+
 /// One storm client's open stream (kept until every client is synced).
 struct Synced {
     _send: h2::client::SendRequest<Bytes>,
@@ -37,20 +78,11 @@ struct Synced {
 /// Connects, sends `initial` (both types' initial requests, framed), and reads and ACKs
 /// responses until both types are answered.
 async fn storm_client(address: std::net::SocketAddr, initial: Bytes) -> anyhow::Result<Synced> {
-    let tcp = tokio::net::TcpStream::connect(address).await?;
-    tcp.set_nodelay(true)?;
-    let (send, connection) = h2::client::handshake(tcp).await?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    let mut send = send.ready().await?;
-    let request = tonic::codegen::http::Request::builder()
-        .method("POST")
-        .uri(format!("http://{address}{DELTA_PATH}"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())?;
-    let (response, mut stream) = send.send_request(request, false)?;
+    let RawStream {
+        send,
+        requests: mut stream,
+        response,
+    } = open_delta(address, None).await?;
     // Zero-copy: h2 sends slices of the shared buffer as the server's window allows.
     stream.send_data(initial, false)?;
     let response = tokio::time::timeout(STORM_WAIT, response).await??;

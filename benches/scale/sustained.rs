@@ -553,24 +553,11 @@ impl LeanStream {
         n: usize,
         wait: Duration,
     ) -> anyhow::Result<LeanStream> {
-        let tcp = tokio::net::TcpStream::connect(address).await?;
-        tcp.set_nodelay(true)?;
-        let (send, connection) = h2::client::Builder::new()
-            .initial_window_size(2 * 1024 * 1024)
-            .initial_connection_window_size(5 * 1024 * 1024)
-            .handshake(tcp)
-            .await?;
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        let mut send = send.ready().await?;
-        let request = tonic::codegen::http::Request::builder()
-            .method("POST")
-            .uri(format!("http://{address}{}", storm::DELTA_PATH))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(())?;
-        let (response, mut requests) = send.send_request(request, false)?;
+        let storm::RawStream {
+            send,
+            mut requests,
+            response,
+        } = storm::open_delta(address, Some((2 * 1024 * 1024, 5 * 1024 * 1024))).await?;
         for type_url in [ADDRESS_TYPE, AUTHORIZATION_TYPE] {
             requests.send_data(
                 storm::grpc_frame(&DeltaDiscoveryRequest {
