@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::*;
 
+use super::sustained::{ChurnServer, churn_server, readiness_variants};
 use ambientd::discovery::Event;
 
 /// A probe every this many events.
@@ -133,63 +134,25 @@ struct Outcome {
 }
 
 async fn overload(sizes: Sizes) -> Outcome {
-    let spec = Spec::new(sizes.pods);
-    let docs = cluster_json(&spec);
-    let (index, _, _) = build(&docs);
-    drop(docs);
-    let probe_uid = {
-        let Object::Pod(p) = decode_one(pod_json(&spec, 0, true)) else {
-            unreachable!()
-        };
-        format!("Kubernetes//Pod/{}/{}", p.namespace(), p.name())
-    };
-    let variants: Vec<[Object; 2]> = (1..spec.pods)
-        .map(|i| {
-            [
-                decode_one(pod_json(&spec, i, false)),
-                decode_one(pod_json(&spec, i, true)),
-            ]
-        })
-        .collect();
+    let ChurnServer {
+        spec,
+        address,
+        events,
+        snapshots,
+        registry,
+        stop,
+        indexer,
+        probe_uid,
+    } = churn_server(sizes.pods, debounce(), |ads| {
+        ads.with_idle_timeout(Some(sizes.idle))
+    })
+    .await;
+    let variants = readiness_variants(&spec);
     let total = sizes.rate * sizes.seconds;
     let probes = total.div_ceil(PROBE_EVERY);
     let probes_sent: Arc<Vec<AtomicU64>> =
         Arc::new((0..probes).map(|_| AtomicU64::new(0)).collect());
 
-    let listener =
-        ambientd::push::server::listen("127.0.0.1:0".parse().expect("address")).expect("bind");
-    let address = listener.local_addr().expect("addr");
-    let (publish, snapshots) = watch::channel(None);
-    let (events, events_rx) = mpsc::channel(10_000);
-    let stop = CancellationToken::new();
-    let indexer = tokio::spawn(ambientd::push::indexer::run(
-        index,
-        events_rx,
-        publish,
-        Arc::new(Metrics::new()),
-        debounce(),
-        stop.clone(),
-    ));
-    events.send(Event::Synced).await.expect("indexer");
-    let registry = Arc::new(Registry::default());
-    let ads = AdsServer::new(
-        snapshots.clone(),
-        registry.clone(),
-        Arc::new(Metrics::new()),
-    )
-    .with_idle_timeout(Some(sizes.idle))
-    .with_shutdown(stop.clone())
-    .into_service();
-    let token = stop.clone();
-    tokio::spawn(async move {
-        let _ = ambientd::push::server::grpc_server()
-            .add_service(ads)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), token.cancelled_owned())
-            .await;
-    });
-    // Let the first snapshot be published before the storm.
-    let mut ready = snapshots.clone();
-    let _ = ready.wait_for(Option::is_some).await;
     let rss_idle = rss_bytes();
 
     let exe = std::env::current_exe().expect("exe");

@@ -21,6 +21,7 @@
 
 use super::*;
 
+use super::sustained::{ChurnServer, churn_server};
 use ambientd::discovery::Event;
 use ambientd::push::Debounce;
 
@@ -152,51 +153,24 @@ async fn soak(
     duration: Duration,
     period: Duration,
 ) -> Run {
-    let spec = Spec::new(pods);
-    let docs = cluster_json(&spec);
-    let (index, _, _) = build(&docs);
-    drop(docs);
-    let probe_uid = {
-        let Object::Pod(p) = decode_one(pod_json(&spec, 0, true)) else {
-            unreachable!()
-        };
-        format!("Kubernetes//Pod/{}/{}", p.namespace(), p.name())
-    };
-
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let address = listener.local_addr().expect("addr");
-    let (publish, snapshots) = watch::channel(None);
-    let (events, events_rx) = mpsc::channel(10_000);
-    let stop = CancellationToken::new();
-    let indexer = tokio::spawn(ambientd::push::indexer::run(
-        index,
-        events_rx,
-        publish,
-        Arc::new(Metrics::new()),
+    let ChurnServer {
+        spec,
+        address,
+        events,
+        snapshots,
+        registry,
+        stop,
+        indexer,
+        probe_uid,
+    } = churn_server(
+        pods,
         Debounce {
             after: Duration::ZERO,
             max: Duration::from_secs(1),
         },
-        stop.clone(),
-    ));
-    events.send(Event::Synced).await.expect("indexer");
-    let registry = Arc::new(Registry::default());
-    let ads = AdsServer::new(
-        snapshots.clone(),
-        registry.clone(),
-        Arc::new(Metrics::new()),
+        |ads| ads,
     )
-    .with_shutdown(stop.clone())
-    .into_service();
-    let token = stop.clone();
-    tokio::spawn(async move {
-        let _ = ambientd::push::server::grpc_server()
-            .add_service(ads)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), token.cancelled_owned())
-            .await;
-    });
+    .await;
 
     // T8's clients, told to live as long as the run.
     let exe = std::env::current_exe().expect("exe");

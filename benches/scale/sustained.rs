@@ -40,6 +40,93 @@ pub(super) fn probe(spec: &Spec, n: usize) -> Object {
     decode_one(value)
 }
 
+/// The server side of T8, T9 and T11: the real index task over a synthetic cluster of `pods`
+/// (first snapshot published) and the real `AdsServer`, as `configure` leaves it, on a
+/// loopback port.
+pub(super) struct ChurnServer {
+    pub(super) spec: Spec,
+    pub(super) address: std::net::SocketAddr,
+    pub(super) events: mpsc::Sender<Event>,
+    pub(super) snapshots: watch::Receiver<Option<Arc<Snapshot>>>,
+    pub(super) registry: Arc<Registry>,
+    pub(super) stop: CancellationToken,
+    pub(super) indexer: tokio::task::JoinHandle<()>,
+    /// Pod 0's uid: its changes are the probes.
+    pub(super) probe_uid: String,
+}
+
+pub(super) async fn churn_server(
+    pods: usize,
+    debounce: Debounce,
+    configure: impl FnOnce(AdsServer) -> AdsServer,
+) -> ChurnServer {
+    let spec = Spec::new(pods);
+    let docs = cluster_json(&spec);
+    let (index, _, _) = build(&docs);
+    drop(docs);
+    let probe_uid = {
+        let Object::Pod(p) = decode_one(pod_json(&spec, 0, true)) else {
+            unreachable!()
+        };
+        format!("Kubernetes//Pod/{}/{}", p.namespace(), p.name())
+    };
+    // The server's own listener: a backlog of somaxconn, for streams that connect at once.
+    let listener =
+        ambientd::push::server::listen("127.0.0.1:0".parse().expect("address")).expect("bind");
+    let address = listener.local_addr().expect("addr");
+    let (publish, snapshots) = watch::channel(None);
+    let (events, events_rx) = mpsc::channel(10_000);
+    let stop = CancellationToken::new();
+    let indexer = tokio::spawn(ambientd::push::indexer::run(
+        index,
+        events_rx,
+        publish,
+        Arc::new(Metrics::new()),
+        debounce,
+        stop.clone(),
+    ));
+    events.send(Event::Synced).await.expect("indexer");
+    let registry = Arc::new(Registry::default());
+    let ads = configure(AdsServer::new(
+        snapshots.clone(),
+        registry.clone(),
+        Arc::new(Metrics::new()),
+    ))
+    .with_shutdown(stop.clone())
+    .into_service();
+    let token = stop.clone();
+    tokio::spawn(async move {
+        let _ = ambientd::push::server::grpc_server()
+            .add_service(ads)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), token.cancelled_owned())
+            .await;
+    });
+    let mut ready = snapshots.clone();
+    let _ = ready.wait_for(Option::is_some).await;
+    ChurnServer {
+        spec,
+        address,
+        events,
+        snapshots,
+        registry,
+        stop,
+        indexer,
+        probe_uid,
+    }
+}
+
+/// Both readiness states of every pod but the probe, decoded up front: the churn's events.
+pub(super) fn readiness_variants(spec: &Spec) -> Vec<[Object; 2]> {
+    (1..spec.pods)
+        .map(|i| {
+            [
+                decode_one(pod_json(spec, i, false)),
+                decode_one(pod_json(spec, i, true)),
+            ]
+        })
+        .collect()
+}
+
 struct Outcome {
     /// Per probe: time until every stream had it (ms); `None` if some stream never did.
     convergence: Vec<Option<f64>>,
@@ -58,56 +145,17 @@ async fn sustained(
     seconds: usize,
     debounce: Debounce,
 ) -> Outcome {
-    let spec = Spec::new(pods);
-    let docs = cluster_json(&spec);
-    let (index, _, _) = build(&docs);
-    drop(docs);
-    let probe_uid = {
-        let Object::Pod(p) = decode_one(pod_json(&spec, 0, true)) else {
-            unreachable!()
-        };
-        format!("Kubernetes//Pod/{}/{}", p.namespace(), p.name())
-    };
-    // Both readiness states of every other pod, decoded up front.
-    let variants: Vec<[Object; 2]> = (1..spec.pods)
-        .map(|i| {
-            [
-                decode_one(pod_json(&spec, i, false)),
-                decode_one(pod_json(&spec, i, true)),
-            ]
-        })
-        .collect();
-
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let address = listener.local_addr().expect("addr");
-    let (publish, snapshots) = watch::channel(None);
-    let (events, events_rx) = mpsc::channel(10_000);
-    let stop = CancellationToken::new();
-    let indexer = tokio::spawn(ambientd::push::indexer::run(
-        index,
-        events_rx,
-        publish,
-        Arc::new(Metrics::new()),
-        debounce,
-        stop.clone(),
-    ));
-    events.send(Event::Synced).await.expect("indexer");
-    let ads = AdsServer::new(
-        snapshots.clone(),
-        Arc::new(Registry::default()),
-        Arc::new(Metrics::new()),
-    )
-    .with_shutdown(stop.clone())
-    .into_service();
-    let token = stop.clone();
-    tokio::spawn(async move {
-        let _ = ambientd::push::server::grpc_server()
-            .add_service(ads)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), token.cancelled_owned())
-            .await;
-    });
+    let ChurnServer {
+        spec,
+        address,
+        events,
+        snapshots,
+        registry: _,
+        stop,
+        indexer,
+        probe_uid,
+    } = churn_server(pods, debounce, |ads| ads).await;
+    let variants = readiness_variants(&spec);
 
     // The streams live in another process (so that the server's CPU and RSS are its own); it
     // reports each probe arrival as `P stream probe micros-since-epoch`.
