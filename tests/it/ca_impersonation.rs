@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use ambientd::ca::token::Claims;
 use ambientd::ca::{CaConfig, PodInfo, StaticPods};
-use ambientd::discovery::Settings;
 use ambientd::pb::istio::v1::auth::istio_certificate_service_client::IstioCertificateServiceClient;
 use ca_support::*;
 use jsonwebtoken::jwk::{Jwk, JwkSet};
@@ -92,25 +91,11 @@ async fn start() -> Ca {
     let ca_dir = dir.path().join("ca");
     let mut config = CaConfig::local(&ca_dir);
     config.jwks = Some((jwks_path, ISSUER.into()));
-    let (tx, rx) = tokio::sync::watch::channel(None);
-    let ads = ambientd::push::AdsServer::new(
-        rx,
-        Arc::new(ambientd::push::Registry::default()),
-        Arc::new(ambientd::metrics::Metrics::new()),
-    )
-    .into_service();
-    let shutdown = CancellationToken::new();
-    let server = ambientd::ca::start(
-        &config,
-        &Settings::default(),
-        ads,
-        Arc::new(pods()),
-        shutdown.clone(),
-    )
-    .await
-    .expect("start the CA");
-    let address = server.address;
-    tokio::spawn(server.serve());
+    let ca_support::Started {
+        address,
+        shutdown,
+        snapshots: tx,
+    } = ca_support::start_server(&config, pods()).await;
     let tls = ztunnel_tls(&config.root_cert_path());
     let channel = channel(address, tls, ISTIOD).await.expect("connect");
     Ca {

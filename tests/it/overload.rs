@@ -11,7 +11,7 @@ use std::sync::Arc;
 use ambientd::ca::limit::CsrLimits;
 use ambientd::ca::service::MAX_CSR_REQUEST_BYTES;
 use ambientd::ca::{CaConfig, PodInfo, StaticPods};
-use ambientd::discovery::{ADDRESS_TYPE, AUTHORIZATION_TYPE, Settings};
+use ambientd::discovery::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 use ambientd::pb::istio::v1::auth::IstioCertificateRequest;
 use ambientd::pb::istio::v1::auth::istio_certificate_service_client::IstioCertificateServiceClient;
 use ambientd::pb::xds::DeltaDiscoveryRequest;
@@ -59,25 +59,11 @@ async fn start_ca(limits: CsrLimits) -> Ca {
     };
     pods.insert("demo", "web-1", pod("web", "node-a"));
     pods.insert("demo", "db-1", pod("db", "node-b"));
-    let (tx, rx) = tokio::sync::watch::channel(None);
-    let ads = ambientd::push::AdsServer::new(
-        rx,
-        Arc::new(ambientd::push::Registry::default()),
-        Arc::new(ambientd::metrics::Metrics::new()),
-    )
-    .into_service();
-    let shutdown = CancellationToken::new();
-    let server = ambientd::ca::start(
-        &config,
-        &Settings::default(),
-        ads,
-        Arc::new(pods),
-        shutdown.clone(),
-    )
-    .await
-    .expect("start the CA");
-    let address = server.address;
-    tokio::spawn(server.serve());
+    let ca_support::Started {
+        address,
+        shutdown,
+        snapshots: tx,
+    } = ca_support::start_server(&config, pods).await;
     let tls = ca_support::ztunnel_tls(&config.root_cert_path());
     let channel = ca_support::channel(address, tls, ca_support::ISTIOD)
         .await

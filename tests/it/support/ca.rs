@@ -15,6 +15,45 @@ use rustls::{ClientConfig, RootCertStore};
 use tonic::transport::{Channel, Endpoint};
 use x509_parser::prelude::*;
 
+/// A CA's 15012 server running in the test, with an xDS service behind it that has no
+/// snapshot yet (kept so while `snapshots` lives).
+pub struct Started {
+    pub address: std::net::SocketAddr,
+    pub shutdown: tokio_util::sync::CancellationToken,
+    pub snapshots: tokio::sync::watch::Sender<Option<Arc<ambientd::discovery::Snapshot>>>,
+}
+
+/// Starts `ambientd::ca::start`'s server with `config` and `pods`, serving in a task.
+pub async fn start_server(
+    config: &ambientd::ca::CaConfig,
+    pods: ambientd::ca::StaticPods,
+) -> Started {
+    let (snapshots, rx) = tokio::sync::watch::channel(None);
+    let ads = ambientd::push::AdsServer::new(
+        rx,
+        Arc::new(ambientd::push::Registry::default()),
+        Arc::new(ambientd::metrics::Metrics::new()),
+    )
+    .into_service();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let server = ambientd::ca::start(
+        config,
+        &ambientd::discovery::Settings::default(),
+        ads,
+        Arc::new(pods),
+        shutdown.clone(),
+    )
+    .await
+    .expect("start the CA");
+    let address = server.address;
+    tokio::spawn(server.serve());
+    Started {
+        address,
+        shutdown,
+        snapshots,
+    }
+}
+
 /// How long any single expected event may take.
 pub const WAIT: Duration = Duration::from_secs(10);
 /// The server name ztunnel checks (from `https://istiod.istio-system.svc:15012`).
