@@ -303,7 +303,9 @@ fn values_reach_the_args() {
             "image": {"repository": "registry.example/ambientd", "tag": "v9"},
             "terminationGracePeriodSeconds": 45,
             "shutdownGrace": "20s",
-            "xds": {"scopeToNode": true},
+            "xds": {"scopeToNode": true, "reconnectRemovalGrace": "0s"},
+            "kubeWatchTimeout": "60s",
+            "ca": {"tokenReviewTimeout": "3s"},
             "rootNamespace": "mesh-config",
             "ipAutoallocate": {"ipv4Prefix": "240.241.0.0/24", "ipv6Prefix": "2001:3::/64"},
         }),
@@ -314,6 +316,9 @@ fn values_reach_the_args() {
     assert_eq!(rendered.flag("--cluster-id"), ["east"]);
     assert_eq!(rendered.flag("--system-namespace"), ["mesh-system"]);
     assert_eq!(rendered.flag("--debounce-after"), ["100ms"]);
+    assert_eq!(rendered.flag("--reconnect-removal-grace"), ["0s"]);
+    assert_eq!(rendered.flag("--kube-watch-timeout"), ["60s"]);
+    assert_eq!(rendered.flag("--token-review-timeout"), ["3s"]);
     assert_eq!(
         rendered.flag("--trusted-node-accounts"),
         ["mesh-system/ztunnel,mesh-system/ztunnel-canary"]
