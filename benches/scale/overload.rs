@@ -22,7 +22,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::*;
 
-use super::sustained::{ChurnServer, churn_server, readiness_variants};
+use super::sustained::{
+    ChurnServer, churn_server, readiness_variants, spawn_followers, stdin_closed,
+};
 use ambientd::discovery::Event;
 
 /// A probe every this many events.
@@ -530,24 +532,8 @@ pub(super) fn t9_clients_process(address: &str, fast: usize, slow: usize, probe_
         let _ = lines.send("READY".to_string());
         let responses = Arc::new(AtomicUsize::new(0));
         let mut readers = tokio::task::JoinSet::new();
-        for (id, stream) in streams.into_iter().enumerate() {
-            let (lines, stop) = (lines.clone(), stop.clone());
-            let (probe_uid, responses) = (probe_uid.to_string(), responses.clone());
-            readers.spawn(async move {
-                tokio::select! {
-                    _ = stop.cancelled() => {}
-                    _ = stream.follow(id, &probe_uid, &lines, &responses) => {}
-                }
-            });
-        }
-        let stdin = tokio::task::spawn_blocking(|| {
-            let mut sink = String::new();
-            while std::io::stdin()
-                .read_line(&mut sink)
-                .map(|n| n > 0)
-                .unwrap_or(false)
-            {}
-        });
+        spawn_followers(&mut readers, streams, probe_uid, &lines, &responses, &stop);
+        let stdin = stdin_closed();
         let _ = tokio::time::timeout(Duration::from_secs(1800), stdin).await;
         stop.cancel();
         readers.shutdown().await;

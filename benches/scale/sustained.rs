@@ -418,6 +418,39 @@ pub(super) fn epoch_micros() -> u128 {
         .unwrap_or(0)
 }
 
+/// Each stream follows the churn in its own task (reporting probes on `lines`) until `stop`.
+pub(super) fn spawn_followers(
+    readers: &mut tokio::task::JoinSet<()>,
+    streams: Vec<LeanStream>,
+    probe_uid: &str,
+    lines: &mpsc::UnboundedSender<String>,
+    responses: &Arc<std::sync::atomic::AtomicUsize>,
+    stop: &CancellationToken,
+) {
+    for (id, stream) in streams.into_iter().enumerate() {
+        let (lines, stop) = (lines.clone(), stop.clone());
+        let (probe_uid, responses) = (probe_uid.to_string(), responses.clone());
+        readers.spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = stream.follow(id, &probe_uid, &lines, &responses) => {}
+            }
+        });
+    }
+}
+
+/// Ends when the parent closes this client process's stdin: the run is over.
+pub(super) fn stdin_closed() -> tokio::task::JoinHandle<()> {
+    tokio::task::spawn_blocking(|| {
+        let mut sink = String::new();
+        while std::io::stdin()
+            .read_line(&mut sink)
+            .map(|n| n > 0)
+            .unwrap_or(false)
+        {}
+    })
+}
+
 /// The T8 client process: `count` ztunnel-shaped streams that ACK every response and report
 /// each arrival of the probe pod (`P stream probe micros`), until stdin closes (T11 runs
 /// them too).
@@ -467,25 +500,9 @@ pub(super) fn t8_clients_process(address: &str, count: usize, probe_uid: &str) {
                 .collect()
                 .await;
             let _ = lines.send(format!("READY {}", streams.len()));
-            for (id, stream) in streams.into_iter().enumerate() {
-                let (lines, stop) = (lines.clone(), stop.clone());
-                let (probe_uid, responses) = (probe_uid.to_string(), responses.clone());
-                readers.spawn(async move {
-                    tokio::select! {
-                        _ = stop.cancelled() => {}
-                        _ = stream.follow(id, &probe_uid, &lines, &responses) => {}
-                    }
-                });
-            }
+            spawn_followers(&mut readers, streams, probe_uid, &lines, &responses, &stop);
         }
-        let stdin = tokio::task::spawn_blocking(|| {
-            let mut sink = String::new();
-            while std::io::stdin()
-                .read_line(&mut sink)
-                .map(|n| n > 0)
-                .unwrap_or(false)
-            {}
-        });
+        let stdin = stdin_closed();
         // At most 900 s (or `SCALE_CLIENTS_SECONDS`, which T11 sets to its run's length),
         // should the parent never close stdin.
         let limit = env_or("SCALE_CLIENTS_SECONDS", 900) as u64;
