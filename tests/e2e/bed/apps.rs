@@ -1,0 +1,258 @@
+//! The pods' applications and their clients. A server answers with what it saw, so a test
+//! can tell which pod answered and what reached it: the HTTP server's body is `key=value`
+//! lines (`server`, `peer`, `method`, `path`, then `header.<name>` for each header), and the
+//! TCP server greets with `server=<name> peer=<address>` and then echoes each line.
+//!
+//! Servers run on threads inside the pod's namespace and stop when their [`Server`] is
+//! dropped. Clients connect from inside a namespace (the socket is made there, so ztunnel's
+//! redirection in that pod applies) and use blocking I/O with timeouts.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use super::netns::Netns;
+
+/// How long a client waits to connect, and for each read.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A server thread; stopped on drop.
+#[derive(Debug)]
+pub struct Server {
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    Http,
+    Tcp,
+}
+
+/// Starts a `protocol` server named `name` on `0.0.0.0:port` inside `netns`.
+pub fn serve(netns: &Netns, name: &str, protocol: Protocol, port: u16) -> Server {
+    let listener = netns.run(|| TcpListener::bind(("0.0.0.0", port)));
+    let listener = listener.unwrap_or_else(|e| panic!("bind {port} in {}: {e}", netns.name()));
+    listener.set_nonblocking(true).expect("nonblocking");
+    let stop = Arc::new(AtomicBool::new(false));
+    let name = name.to_string();
+    let stopped = stop.clone();
+    std::thread::Builder::new()
+        .name(format!("app-{name}-{port}"))
+        .spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((stream, peer)) => {
+                        let name = name.clone();
+                        std::thread::spawn(move || {
+                            let _ = stream.set_nonblocking(false);
+                            let _ = stream.set_read_timeout(Some(Duration::from_secs(120)));
+                            match protocol {
+                                Protocol::Http => answer_http(stream, &name, peer),
+                                Protocol::Tcp => answer_tcp(stream, &name, peer),
+                            }
+                        });
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        })
+        .expect("spawn server");
+    Server { stop }
+}
+
+/// Answers HTTP/1.1 requests on one connection until the client closes it or asks for the
+/// connection to be closed.
+fn answer_http(stream: TcpStream, name: &str, peer: SocketAddr) {
+    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+    let mut writer = stream;
+    loop {
+        let mut request_line = String::new();
+        if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
+            return;
+        }
+        let mut parts = request_line.split_whitespace();
+        let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+        let mut body = format!("server={name}\npeer={peer}\nmethod={method}\npath={path}\n");
+        let mut length = 0usize;
+        let mut close = false;
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            if let Some((key, value)) = line.split_once(':') {
+                let key = key.trim().to_ascii_lowercase();
+                if key == "content-length" {
+                    length = value.trim().parse().unwrap_or(0);
+                }
+                if key == "connection" && value.trim().eq_ignore_ascii_case("close") {
+                    close = true;
+                }
+                body.push_str(&format!("header.{key}={}\n", value.trim()));
+            }
+        }
+        let mut discard = vec![0; length];
+        if reader.read_exact(&mut discard).is_err() {
+            return;
+        }
+        let response = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        if writer.write_all(response.as_bytes()).is_err() || close {
+            return;
+        }
+    }
+}
+
+/// Greets, then echoes lines until the client closes.
+fn answer_tcp(stream: TcpStream, name: &str, peer: SocketAddr) {
+    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+    let mut writer = stream;
+    if writeln!(writer, "server={name} peer={peer}").is_err() {
+        return;
+    }
+    loop {
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                if writer.write_all(line.as_bytes()).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// An HTTP response as the client read it.
+#[derive(Clone, Debug)]
+pub struct Response {
+    pub status: u16,
+    pub headers: BTreeMap<String, String>,
+    pub body: String,
+}
+
+impl Response {
+    /// A `key=value` line of an echo server's body.
+    pub fn field(&self, key: &str) -> Option<&str> {
+        self.body.lines().find_map(|line| {
+            line.split_once('=')
+                .filter(|(k, _)| *k == key)
+                .map(|(_, v)| v)
+        })
+    }
+}
+
+/// Connects from inside `from` to `to`.
+pub fn connect(from: &Netns, to: SocketAddr) -> std::io::Result<TcpStream> {
+    let stream = from.run(|| TcpStream::connect_timeout(&to, IO_TIMEOUT))?;
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    Ok(stream)
+}
+
+/// One HTTP/1.1 request from inside `from` (`Connection: close`); an error when no whole
+/// response came back (refused, reset, or closed before a status line).
+pub fn http(
+    from: &Netns,
+    to: SocketAddr,
+    method: &str,
+    path: &str,
+    host: &str,
+) -> std::io::Result<Response> {
+    let mut stream = connect(from, to)?;
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {host}\r\nuser-agent: ambientd-e2e\r\n\
+         content-length: 0\r\nconnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes())?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    parse_response(&raw).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!(
+                "no HTTP response from {to} ({} bytes: {:?})",
+                raw.len(),
+                String::from_utf8_lossy(&raw)
+            ),
+        )
+    })
+}
+
+fn parse_response(raw: &[u8]) -> Option<Response> {
+    let text = String::from_utf8_lossy(raw);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let mut lines = head.lines();
+    let status = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    Some(Response {
+        status,
+        headers,
+        body: body.to_string(),
+    })
+}
+
+/// A TCP connection to an echo server: its greeting, then line round trips.
+#[derive(Debug)]
+pub struct TcpSession {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+    /// `server=<name> peer=<address>`.
+    pub greeting: String,
+}
+
+impl TcpSession {
+    /// Connects from `from` and reads the greeting; an error if none came (the mesh refused
+    /// the connection: ztunnel accepts it locally, then closes or resets it).
+    pub fn open(from: &Netns, to: SocketAddr) -> std::io::Result<TcpSession> {
+        let stream = connect(from, to)?;
+        let mut reader = BufReader::new(stream.try_clone()?);
+        let mut greeting = String::new();
+        if reader.read_line(&mut greeting)? == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                format!("{to} closed the connection before its greeting"),
+            ));
+        }
+        Ok(TcpSession {
+            reader,
+            writer: stream,
+            greeting: greeting.trim_end().to_string(),
+        })
+    }
+
+    /// Sends `line` and reads its echo.
+    pub fn round_trip(&mut self, line: &str) -> std::io::Result<String> {
+        writeln!(self.writer, "{line}")?;
+        let mut echo = String::new();
+        if self.reader.read_line(&mut echo)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(echo.trim_end().to_string())
+    }
+
+    pub fn close(self) {
+        let _ = self.writer.shutdown(Shutdown::Both);
+    }
+}

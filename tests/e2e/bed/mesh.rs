@@ -1,0 +1,937 @@
+//! A whole ambient mesh on one machine: ambientd in a control-plane namespace, nodes with a
+//! real ztunnel each (in-pod mode, this bed playing istio-cni's node agent), pods with the
+//! in-pod redirection istio-cni installs, a real Envoy as a waypoint, and the Kubernetes
+//! objects that describe them written as manifests ambientd follows.
+//!
+//! ```text
+//!                      ctl  (ambientd: 172.30.255.1 :15010 :15012 :15014)
+//!                  n1 /  \ n2          172.30.<i>.1 <-> 172.30.<i>.2
+//!     node1 (ztunnel)      node2 (ztunnel)          ztunnels dial 172.30.255.1:15012
+//!       p<j> |  |              |  |
+//!      pod 10.30.1.<j>      pod 10.30.2.<j>         each pod: eth0 <-> p<j> on its node
+//! ```
+//!
+//! Routing: a pod's default route is its node (10.30.<i>.1 on every pod link, as the ptp CNI
+//! plugin does); a node routes each of its pods' /32 to the pod's link and everything else to
+//! ctl; ctl routes 10.30.<i>.0/24 to node i. Service VIPs (10.96.0.0/24) never leave a pod:
+//! ztunnel's redirection catches them.
+//!
+//! Everything a test makes is removed when its [`Mesh`] is dropped: processes first, then
+//! namespaces. The bed's directory (`$AMBIENTD_E2E_DIR` or the temp dir, then
+//! `ambientd-e2e-<pid>-<n>`) holds each program's log, the manifests and the CA; it is kept,
+//! and its path printed, when the test fails.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::apps::{self, Protocol, Server};
+use super::netns::{self, Netns};
+use super::process::{Process, wait_for};
+use super::tools::Tools;
+use super::zds::{Agent, WorkloadInfo};
+
+/// ambientd's address, on ctl's loopback (a SAN of its 15012 certificate).
+pub const CONTROL_PLANE: Ipv4Addr = Ipv4Addr::new(172, 30, 255, 1);
+/// The namespace the apps live in (enrolled: `istio.io/dataplane-mode=ambient`).
+pub const NAMESPACE: &str = "mesh";
+pub const TRUST_DOMAIN: &str = "cluster.local";
+/// How long a program may take to start and converge on a busy two-core machine.
+pub const STARTUP: Duration = Duration::from_secs(60);
+
+static BEDS: AtomicU32 = AtomicU32::new(0);
+
+/// istio-cni's in-pod redirection, as it installs it with DNS capture off (istio/istio
+/// `cni/pkg/iptables`, the ambient in-pod rule set): outbound TCP to ztunnel's 15001, inbound
+/// TCP but HBONE to 15006, ztunnel's own sockets (mark 0x539) left alone, and replies to what
+/// ztunnel sent in with the client's address (connmark 0x111) routed back to ztunnel by
+/// [`INPOD_ROUTES`].
+const INPOD_RULES: &str = "\
+*mangle
+:ISTIO_PRERT - [0:0]
+:ISTIO_OUTPUT - [0:0]
+-A PREROUTING -j ISTIO_PRERT
+-A OUTPUT -j ISTIO_OUTPUT
+-A ISTIO_PRERT -m mark --mark 0x539/0xfff -j CONNMARK --set-xmark 0x111/0xfff
+-A ISTIO_OUTPUT -m connmark --mark 0x111/0xfff -j CONNMARK --restore-mark --nfmask 0xffffffff --ctmask 0xffffffff
+COMMIT
+*nat
+:ISTIO_PRERT - [0:0]
+:ISTIO_OUTPUT - [0:0]
+-A OUTPUT -j ISTIO_OUTPUT
+-A PREROUTING -j ISTIO_PRERT
+-A ISTIO_PRERT -s 169.254.7.127/32 -p tcp -m tcp -j ACCEPT
+-A ISTIO_OUTPUT -d 169.254.7.127/32 -p tcp -m tcp -j ACCEPT
+-A ISTIO_PRERT ! -d 127.0.0.1/32 -p tcp ! --dport 15008 -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15006
+-A ISTIO_OUTPUT -p tcp -m mark --mark 0x111/0xfff -j ACCEPT
+-A ISTIO_OUTPUT ! -d 127.0.0.1/32 -o lo -j ACCEPT
+-A ISTIO_OUTPUT ! -d 127.0.0.1/32 -p tcp -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15001
+COMMIT
+";
+
+/// istio-cni's policy routing beside [`INPOD_RULES`]: packets marked 0x111 are delivered
+/// locally (to ztunnel's transparent socket).
+const INPOD_ROUTES: [&[&str]; 2] = [
+    &["rule", "add", "fwmark", "0x111/0xfff", "pref", "32764", "lookup", "100"],
+    &["route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", "100"],
+];
+
+/// A node: its namespace, its ztunnel and its CNI agent.
+pub struct Node {
+    pub name: String,
+    /// 1-based: the `<i>` of its addresses.
+    pub index: u8,
+    pub netns: Netns,
+    pub agent: Agent,
+    ztunnel: Option<Process>,
+    next_pod: u8,
+}
+
+/// A pod: its namespace (with or without redirection) and who it is.
+pub struct Pod {
+    pub name: String,
+    pub namespace: String,
+    pub service_account: String,
+    pub uid: String,
+    pub ip: Ipv4Addr,
+    pub node: String,
+    pub labels: BTreeMap<String, String>,
+    pub netns: Netns,
+    servers: Vec<Server>,
+    /// The waypoint's Envoy and `ambientd sds`, for a waypoint pod.
+    processes: Vec<Process>,
+    /// Envoy's admin address inside the pod, for a waypoint pod.
+    pub envoy_admin: Option<SocketAddr>,
+}
+
+impl Pod {
+    /// `spiffe://cluster.local/ns/<ns>/sa/<sa>`.
+    pub fn identity(&self) -> String {
+        format!(
+            "spiffe://{TRUST_DOMAIN}/ns/{}/sa/{}",
+            self.namespace, self.service_account
+        )
+    }
+}
+
+/// What a new pod is.
+#[derive(Clone, Debug)]
+pub struct PodSpec {
+    pub name: String,
+    pub node: usize,
+    pub service_account: String,
+    pub labels: BTreeMap<String, String>,
+}
+
+impl PodSpec {
+    /// Pod `name` on node `node` (1-based), service account `name`, label `app=<name>`.
+    pub fn new(name: &str, node: usize) -> PodSpec {
+        PodSpec {
+            name: name.into(),
+            node,
+            service_account: name.into(),
+            labels: [("app".to_string(), name.to_string())].into(),
+        }
+    }
+
+    pub fn label(mut self, key: &str, value: &str) -> PodSpec {
+        self.labels.insert(key.into(), value.into());
+        self
+    }
+
+    pub fn service_account(mut self, sa: &str) -> PodSpec {
+        self.service_account = sa.into();
+        self
+    }
+}
+
+/// The mesh; everything in it is removed on drop.
+pub struct Mesh {
+    pub tools: Tools,
+    dir: PathBuf,
+    manifests: PathBuf,
+    ca_dir: PathBuf,
+    pub ctl: Netns,
+    ambientd: Option<Process>,
+    pub nodes: Vec<Node>,
+    pods: Vec<Pod>,
+    next_vip: u8,
+}
+
+impl Mesh {
+    /// A mesh of `nodes` nodes with a ztunnel each, served by ambientd from manifests; `None`
+    /// (after saying why) when a tool is missing outside CI.
+    pub fn start(nodes: usize) -> Option<Mesh> {
+        let tools = Tools::find()?;
+        netns::sweep_stale();
+        let base = std::env::var_os("AMBIENTD_E2E_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir);
+        let dir = base.join(format!(
+            "ambientd-e2e-{}-{}",
+            std::process::id(),
+            BEDS.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (manifests, ca_dir) = (dir.join("manifests"), dir.join("ca"));
+        std::fs::create_dir_all(&manifests).expect("manifests dir");
+        std::fs::create_dir_all(&ca_dir).expect("ca dir");
+
+        let ctl = Netns::create("ctl");
+        ctl.sysctl("net.ipv4.ip_forward", "1");
+        ctl.ip(&["addr", "add", &format!("{CONTROL_PLANE}/32"), "dev", "lo"]);
+        let mut mesh = Mesh {
+            tools,
+            dir,
+            manifests,
+            ca_dir,
+            ctl,
+            ambientd: None,
+            nodes: Vec::new(),
+            pods: Vec::new(),
+            next_vip: 10,
+        };
+        eprintln!("the bed's logs and manifests: {}", mesh.dir.display());
+        mesh.apply("00-cluster", &cluster_objects(nodes));
+        mesh.start_ambientd();
+        for index in 1..=nodes as u8 {
+            mesh.add_node(index);
+        }
+        for index in 0..nodes {
+            mesh.wait_ztunnel_ready(index);
+        }
+        Some(mesh)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    // ---- the control plane ----
+
+    /// Starts (or restarts) ambientd in ctl and waits until it is ready.
+    pub fn start_ambientd(&mut self) {
+        let mut command = self.ctl.command(&self.tools.ambientd);
+        command
+            .arg("serve")
+            .arg("--manifests")
+            .arg(&self.manifests)
+            .arg("--ca-dir")
+            .arg(&self.ca_dir)
+            .args(["--xds-address", "0.0.0.0:15010"])
+            .args(["--xds-tls-address", "0.0.0.0:15012"])
+            .args(["--debug-address", "0.0.0.0:15014"])
+            .args(["--tls-san", &CONTROL_PLANE.to_string()])
+            .args(["--log-level", "ambientd=debug,info"])
+            .env("NO_COLOR", "1");
+        let mut process = Process::start("ambientd", command, &self.dir);
+        wait_for(
+            "ambientd's /ready",
+            STARTUP,
+            || {
+                process.assert_running();
+                let ready = apps::http(
+                    &self.ctl,
+                    (CONTROL_PLANE, 15014).into(),
+                    "GET",
+                    "/ready",
+                    "ambientd",
+                );
+                ready.ok().filter(|r| r.status == 200)
+            },
+            || self.ambientd_log_tail(),
+        );
+        self.ambientd = Some(process);
+    }
+
+    /// Stops ambientd (SIGTERM, then SIGKILL after 10 s).
+    pub fn stop_ambientd(&mut self) {
+        if let Some(mut process) = self.ambientd.take() {
+            process.stop(Duration::from_secs(10));
+        }
+    }
+
+    pub fn ambientd_log(&self) -> String {
+        self.ambientd.as_ref().map(Process::log).unwrap_or_else(|| {
+            std::fs::read_to_string(self.dir.join("ambientd.log")).unwrap_or_default()
+        })
+    }
+
+    fn ambientd_log_tail(&self) -> String {
+        let log = self.ambientd_log();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// ambientd's Prometheus text.
+    pub fn ambientd_metrics(&self) -> String {
+        apps::http(
+            &self.ctl,
+            (CONTROL_PLANE, 15014).into(),
+            "GET",
+            "/metrics",
+            "ambientd",
+        )
+        .map(|r| r.body)
+        .unwrap_or_default()
+    }
+
+    /// Mints a token from ambientd's CA directory (`ambientd token`).
+    fn token(&self, file: &str, args: &[&str]) -> PathBuf {
+        let path = self.dir.join(file);
+        netns::run(
+            std::process::Command::new(&self.tools.ambientd)
+                .arg("token")
+                .arg("--ca-dir")
+                .arg(&self.ca_dir)
+                .arg("--output")
+                .arg(&path)
+                .args(args),
+        );
+        path
+    }
+
+    // ---- manifests ----
+
+    /// Writes `objects` as `<name>.json` (a `List`), atomically.
+    pub fn apply(&self, name: &str, objects: &[Value]) {
+        let list = json!({"apiVersion": "v1", "kind": "List", "items": objects});
+        let temp = self.manifests.join(format!(".{name}.tmp"));
+        std::fs::write(&temp, serde_json::to_vec_pretty(&list).expect("json")).expect("write");
+        std::fs::rename(&temp, self.manifests.join(format!("{name}.json"))).expect("rename");
+    }
+
+    /// Removes `<name>.json`.
+    pub fn remove(&self, name: &str) {
+        std::fs::remove_file(self.manifests.join(format!("{name}.json")))
+            .unwrap_or_else(|e| panic!("remove manifest {name}: {e}"));
+    }
+
+    // ---- nodes ----
+
+    fn add_node(&mut self, index: u8) {
+        let name = format!("node{index}");
+        let netns = Netns::create(&format!("n{index}"));
+        let link = format!("n{index}");
+        self.ctl.ip(&[
+            "link", "add", &link, "type", "veth", "peer", "name", "eth0", "netns", netns.name(),
+        ]);
+        self.ctl
+            .ip(&["addr", "add", &format!("172.30.{index}.1/24"), "dev", &link]);
+        self.ctl.ip(&["link", "set", &link, "up"]);
+        self.ctl.ip(&[
+            "route",
+            "add",
+            &format!("10.30.{index}.0/24"),
+            "via",
+            &format!("172.30.{index}.2"),
+        ]);
+        netns.ip(&["addr", "add", &format!("172.30.{index}.2/24"), "dev", "eth0"]);
+        netns.ip(&["link", "set", "eth0", "up"]);
+        netns.ip(&["route", "add", "default", "via", &format!("172.30.{index}.1")]);
+        netns.sysctl("net.ipv4.ip_forward", "1");
+        for netns in [&netns, &self.ctl] {
+            netns.sysctl("net.ipv4.conf.all.rp_filter", "0");
+            netns.sysctl("net.ipv4.conf.default.rp_filter", "0");
+        }
+        let agent = Agent::listen(&self.dir.join(format!("{name}.zds.sock")));
+        let mut node = Node {
+            name,
+            index,
+            netns,
+            agent,
+            ztunnel: None,
+            next_pod: 10,
+        };
+        node.ztunnel = Some(self.start_ztunnel(&node));
+        self.nodes.push(node);
+    }
+
+    /// A real ztunnel for `node`, as its DaemonSet runs it: in-pod mode on the agent's
+    /// socket, xDS and certificates from ambientd's 15012 with a node-bound token.
+    fn start_ztunnel(&self, node: &Node) -> Process {
+        let token = self.token(
+            &format!("{}.token", node.name),
+            &["--node", &node.name, "--pod", &format!("ztunnel-{}", node.name)],
+        );
+        let root = self.ca_dir.join("root-cert.pem");
+        let endpoint = format!("https://{CONTROL_PLANE}:15012");
+        // ztunnel reads ./etc/istio/config/mesh and ./var/run/secrets relative to where it
+        // runs: a directory of its own keeps it from finding anything by accident.
+        let cwd = self.dir.join(format!("ztunnel-{}", node.name));
+        std::fs::create_dir_all(&cwd).expect("ztunnel dir");
+        let mut command = node.netns.command(&self.tools.ztunnel);
+        command
+            .current_dir(&cwd)
+            .args(["proxy", "ztunnel"])
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("XDS_ADDRESS", &endpoint)
+            .env("CA_ADDRESS", &endpoint)
+            .env("XDS_ROOT_CA", &root)
+            .env("CA_ROOT_CA", &root)
+            .env("AUTH_TOKEN", &token)
+            .env("NODE_NAME", &node.name)
+            .env("POD_NAME", format!("ztunnel-{}", node.name))
+            .env("POD_NAMESPACE", "istio-system")
+            .env("INSTANCE_IP", format!("172.30.{}.2", node.index))
+            .env("ISTIO_META_CLUSTER_ID", "Kubernetes")
+            .env("INPOD_UDS", node.agent.path())
+            .env("ISTIO_META_DNS_CAPTURE", "false")
+            .env("IPV6_ENABLED", "false")
+            .env("RUST_LOG", "info");
+        Process::start(&format!("ztunnel-{}", node.name), command, &self.dir)
+    }
+
+    fn wait_ztunnel_ready(&mut self, index: usize) {
+        let node = &mut self.nodes[index];
+        wait_for(
+            &format!("{}'s ztunnel ready", node.name),
+            STARTUP,
+            || {
+                node.ztunnel.as_mut().expect("ztunnel").assert_running();
+                apps::http(
+                    &node.netns,
+                    ([127, 0, 0, 1], 15021).into(),
+                    "GET",
+                    "/healthz/ready",
+                    "ztunnel",
+                )
+                .ok()
+                .filter(|r| r.status == 200)
+            },
+            || String::new(),
+        );
+    }
+
+    /// Node `index` (1-based).
+    pub fn node(&self, index: usize) -> &Node {
+        &self.nodes[index - 1]
+    }
+
+    /// A ztunnel's admin, stats or readiness endpoint (`port` 15000, 15020 or 15021).
+    pub fn ztunnel_get(&self, node: usize, port: u16, path: &str) -> String {
+        apps::http(
+            &self.node(node).netns,
+            ([127, 0, 0, 1], port).into(),
+            "GET",
+            path,
+            "ztunnel",
+        )
+        .map(|r| r.body)
+        .unwrap_or_default()
+    }
+
+    /// A ztunnel's log so far.
+    pub fn ztunnel_log(&self, node: usize) -> String {
+        self.node(node)
+            .ztunnel
+            .as_ref()
+            .map(Process::log)
+            .unwrap_or_default()
+    }
+
+    // ---- pods ----
+
+    /// Adds a pod in the mesh: its netns and link, istio-cni's redirection, its manifest,
+    /// and its enrollment with the node's ztunnel.
+    pub fn add_pod(&mut self, spec: PodSpec) -> &Pod {
+        let pod = self.make_pod(&spec, true, &[]);
+        self.apply(&format!("pod-{}", pod.name), &[pod_object(&pod, true, &[])]);
+        self.enroll(&pod);
+        self.pods.push(pod);
+        self.pods.last().expect("pod")
+    }
+
+    fn make_pod(&mut self, spec: &PodSpec, redirected: bool, _ports: &[u16]) -> Pod {
+        let node = &mut self.nodes[spec.node - 1];
+        let (i, j) = (node.index, node.next_pod);
+        node.next_pod += 1;
+        let ip = Ipv4Addr::new(10, 30, i, j);
+        let netns = Netns::create(&spec.name);
+        let link = format!("p{j}");
+        node.netns.ip(&[
+            "link", "add", &link, "type", "veth", "peer", "name", "eth0", "netns", netns.name(),
+        ]);
+        node.netns
+            .ip(&["addr", "add", &format!("10.30.{i}.1/32"), "dev", &link]);
+        node.netns.ip(&["link", "set", &link, "up"]);
+        node.netns
+            .ip(&["route", "add", &format!("{ip}/32"), "dev", &link]);
+        netns.ip(&["addr", "add", &format!("{ip}/32"), "dev", "eth0"]);
+        netns.ip(&["link", "set", "eth0", "up"]);
+        netns.ip(&[
+            "route",
+            "add",
+            &format!("10.30.{i}.1"),
+            "dev",
+            "eth0",
+            "scope",
+            "link",
+        ]);
+        netns.ip(&["route", "add", "default", "via", &format!("10.30.{i}.1")]);
+        if redirected {
+            netns.iptables_restore(INPOD_RULES);
+            for args in INPOD_ROUTES {
+                netns.ip(args);
+            }
+        }
+        Pod {
+            name: spec.name.clone(),
+            namespace: NAMESPACE.into(),
+            service_account: spec.service_account.clone(),
+            uid: format!("00000000-e2e0-4000-8000-{:012x}", u32::from(ip)),
+            ip,
+            node: node.name.clone(),
+            labels: spec.labels.clone(),
+            netns,
+            servers: Vec::new(),
+            processes: Vec::new(),
+            envoy_admin: None,
+        }
+    }
+
+    fn enroll(&self, pod: &Pod) {
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.name == pod.node)
+            .expect("node");
+        node.agent.add(
+            &pod.uid,
+            WorkloadInfo {
+                name: pod.name.clone(),
+                namespace: pod.namespace.clone(),
+                service_account: pod.service_account.clone(),
+            },
+            pod.netns.file(),
+        );
+    }
+
+    /// Deletes a pod: out of ztunnel (as the agent does when the sandbox goes), out of the
+    /// manifests, and its namespace removed.
+    pub fn delete_pod(&mut self, name: &str) {
+        let at = self
+            .pods
+            .iter()
+            .position(|p| p.name == name)
+            .unwrap_or_else(|| panic!("no pod {name}"));
+        let pod = self.pods.remove(at);
+        self.remove(&format!("pod-{name}"));
+        if let Some(node) = self.nodes.iter().find(|n| n.name == pod.node) {
+            node.agent.delete(&pod.uid);
+        }
+        drop(pod);
+    }
+
+    pub fn pod(&self, name: &str) -> &Pod {
+        self.pods
+            .iter()
+            .find(|p| p.name == name)
+            .unwrap_or_else(|| panic!("no pod {name}"))
+    }
+
+    /// Starts an echo server in pod `name`.
+    pub fn serve(&mut self, name: &str, protocol: Protocol, port: u16) {
+        let pod = self
+            .pods
+            .iter_mut()
+            .find(|p| p.name == name)
+            .unwrap_or_else(|| panic!("no pod {name}"));
+        let server = apps::serve(&pod.netns, &pod.name, protocol, port);
+        pod.servers.push(server);
+    }
+
+    // ---- services and policy ----
+
+    /// A Service selecting `app=<app>` with `ports` (name, port, targetPort) and the next VIP;
+    /// `extra_labels` such as `istio.io/use-waypoint`.
+    pub fn add_service(
+        &mut self,
+        name: &str,
+        app: &str,
+        ports: &[(&str, u16, u16)],
+        extra_labels: &[(&str, &str)],
+    ) -> Ipv4Addr {
+        let vip = Ipv4Addr::new(10, 96, 0, self.next_vip);
+        self.next_vip += 1;
+        let labels: serde_json::Map<String, Value> = extra_labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), json!(v)))
+            .collect();
+        let ports: Vec<Value> = ports
+            .iter()
+            .map(|(name, port, target)| {
+                json!({"name": name, "port": port, "targetPort": target, "protocol": "TCP"})
+            })
+            .collect();
+        self.apply(
+            &format!("svc-{name}"),
+            &[json!({
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+                "spec": {
+                    "clusterIP": vip.to_string(),
+                    "clusterIPs": [vip.to_string()],
+                    "selector": {"app": app},
+                    "ports": ports,
+                },
+            })],
+        );
+        vip
+    }
+
+    /// A waypoint named `name` on node `node`: its Gateway (with the status istiod writes), its
+    /// Service and pod as the deployment controller makes them, `ambientd sds` for its
+    /// certificate and a real Envoy that takes its config from ambientd's 15012. Returns once
+    /// Envoy has its listeners.
+    pub fn add_waypoint(&mut self, name: &str, node: usize) -> Ipv4Addr {
+        let vip = Ipv4Addr::new(10, 96, 0, self.next_vip);
+        self.next_vip += 1;
+        let spec = PodSpec::new(name, node).label("gateway.networking.k8s.io/gateway-name", name);
+        let mut pod = self.make_pod(&spec, false, &[]);
+        pod.labels.remove("app");
+        let objects = waypoint_objects(name, vip, &pod);
+        self.apply(&format!("waypoint-{name}"), &objects);
+
+        let sds = pod.netns.command(&self.tools.ambientd);
+        let mut sds = sds;
+        sds.arg("sds")
+            .args(["--namespace", &pod.namespace])
+            .args(["--service-account", &pod.service_account])
+            .args(["--listen", "127.0.0.1:15053"])
+            .arg("--ca-dir")
+            .arg(&self.ca_dir);
+        pod.processes
+            .push(Process::start(&format!("sds-{name}"), sds, &self.dir));
+
+        let token = self.token(
+            &format!("{name}.token"),
+            &[
+                "--namespace",
+                &pod.namespace,
+                "--service-account",
+                &pod.service_account,
+                "--pod",
+                &pod.name,
+                "--pod-uid",
+                &pod.uid,
+            ],
+        );
+        let token = std::fs::read_to_string(token).expect("token");
+        let bootstrap = self.dir.join(format!("envoy-{name}.json"));
+        let text = serde_json::to_string_pretty(&waypoint_bootstrap(
+            &pod,
+            &token,
+            &self.ca_dir.join("root-cert.pem"),
+        ))
+        .expect("bootstrap");
+        std::fs::write(&bootstrap, text).expect("write bootstrap");
+        let mut envoy = pod.netns.command(&self.tools.envoy);
+        envoy
+            .arg("-c")
+            .arg(&bootstrap)
+            .args(["--disable-hot-restart", "--concurrency", "1"])
+            .args(["--base-id", &(std::process::id() % 60_000 + 1000).to_string()])
+            .arg("--reject-unknown-dynamic-fields")
+            .args(["-l", "info"])
+            .args(["--file-flush-interval-msec", "100"]);
+        pod.processes
+            .push(Process::start(&format!("envoy-{name}"), envoy, &self.dir));
+        pod.envoy_admin = Some(([127, 0, 0, 1], 15000).into());
+        let logs: Vec<PathBuf> = pod.processes.iter().map(|p| p.log_path().to_path_buf()).collect();
+        wait_for(
+            &format!("waypoint {name}'s Envoy to take its listeners"),
+            STARTUP,
+            || {
+                for process in &mut pod.processes {
+                    process.assert_running();
+                }
+                let stats = envoy_get(&pod, "/stats?filter=listener_manager.total_listeners_active");
+                let active = stats
+                    .split(':')
+                    .nth(1)
+                    .and_then(|n| n.trim().parse::<u32>().ok())
+                    .unwrap_or(0);
+                (active >= 3).then_some(())
+            },
+            || {
+                logs.iter()
+                    .map(|p| format!("--- {}:\n{}", p.display(), tail(p, 20)))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            },
+        );
+        self.pods.push(pod);
+        vip
+    }
+
+    /// GET `path` on a waypoint's Envoy admin.
+    pub fn envoy_get(&self, waypoint: &str, path: &str) -> String {
+        envoy_get(self.pod(waypoint), path)
+    }
+
+    /// An Envoy counter's value (0 when absent).
+    pub fn envoy_counter(&self, waypoint: &str, name: &str) -> u64 {
+        let stats = self.envoy_get(waypoint, &format!("/stats?filter=^{name}$"));
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Waits until every ztunnel's config_dump lists `what` (an IP or a name), and returns
+    /// how long that took.
+    pub fn wait_ztunnels_know(&self, what: &str) -> Duration {
+        let started = Instant::now();
+        for node in 1..=self.nodes.len() {
+            wait_for(
+                &format!("node{node}'s ztunnel to know {what}"),
+                STARTUP,
+                || self.ztunnel_get(node, 15000, "/config_dump").contains(what).then_some(()),
+                || self.ztunnel_log_tail(node),
+            );
+        }
+        started.elapsed()
+    }
+
+    pub fn ztunnel_log_tail(&self, node: usize) -> String {
+        let log = self.ztunnel_log(node);
+        let lines: Vec<&str> = log.lines().collect();
+        format!(
+            "--- ztunnel-node{node}:\n{}",
+            lines[lines.len().saturating_sub(30)..].join("\n")
+        )
+    }
+}
+
+/// The last `lines` lines of a log file.
+pub fn tail(path: &Path, lines: usize) -> String {
+    let log = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = log.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn envoy_get(pod: &Pod, path: &str) -> String {
+    let admin = pod.envoy_admin.expect("a waypoint pod");
+    apps::http(&pod.netns, admin, "GET", path, "envoy")
+        .map(|r| r.body)
+        .unwrap_or_default()
+}
+
+impl Drop for Mesh {
+    fn drop(&mut self) {
+        // Programs first (ztunnels hold pods' namespaces), then namespaces.
+        for pod in &mut self.pods {
+            pod.processes.clear();
+        }
+        for node in &mut self.nodes {
+            node.ztunnel = None;
+        }
+        self.ambientd = None;
+        self.pods.clear();
+        self.nodes.clear();
+        if std::thread::panicking() {
+            eprintln!(
+                "the bed's logs, manifests and CA are kept in {}",
+                self.dir.display()
+            );
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Namespaces and Nodes.
+fn cluster_objects(nodes: usize) -> Vec<Value> {
+    let mut objects = vec![
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}}),
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+            "name": NAMESPACE,
+            "labels": {"kubernetes.io/metadata.name": NAMESPACE, "istio.io/dataplane-mode": "ambient"},
+        }}),
+    ];
+    for i in 1..=nodes {
+        objects.push(json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": format!("node{i}"), "labels": {"kubernetes.io/hostname": format!("node{i}")}},
+            "status": {"addresses": [{"type": "InternalIP", "address": format!("172.30.{i}.2")}]},
+        }));
+    }
+    objects
+}
+
+/// A Running, Ready pod as the kubelet reports it.
+fn pod_object(pod: &Pod, redirected: bool, ports: &[u16]) -> Value {
+    let mut annotations = serde_json::Map::new();
+    if redirected {
+        annotations.insert("ambient.istio.io/redirection".into(), json!("enabled"));
+    }
+    let ports: Vec<Value> = ports
+        .iter()
+        .map(|p| json!({"containerPort": p, "protocol": "TCP"}))
+        .collect();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod.name,
+            "namespace": pod.namespace,
+            "uid": pod.uid,
+            "labels": pod.labels,
+            "annotations": annotations,
+        },
+        "spec": {
+            "serviceAccountName": pod.service_account,
+            "nodeName": pod.node,
+            "containers": [{"name": "app", "image": "e2e", "ports": ports}],
+        },
+        "status": {
+            "phase": "Running",
+            "podIP": pod.ip.to_string(),
+            "podIPs": [{"ip": pod.ip.to_string()}],
+            "hostIP": format!("172.30.{}.2", pod.ip.octets()[2]),
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    })
+}
+
+/// A waypoint's Gateway (with istiod's status), Service and pod.
+fn waypoint_objects(name: &str, vip: Ipv4Addr, pod: &Pod) -> Vec<Value> {
+    vec![
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "GatewayClass",
+            "metadata": {"name": "istio-waypoint"},
+            "spec": {"controllerName": "istio.io/mesh-controller"},
+        }),
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "Gateway",
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"istio.io/waypoint-for": "service"}},
+            "spec": {
+                "gatewayClassName": "istio-waypoint",
+                "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE",
+                               "allowedRoutes": {"namespaces": {"from": "Same"}}}],
+            },
+            "status": {"addresses": [
+                {"type": "IPAddress", "value": vip.to_string()},
+                {"type": "Hostname", "value": format!("{name}.{NAMESPACE}.svc.cluster.local")},
+            ]},
+        }),
+        json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": {
+                "gateway.istio.io/managed": "istio.io-mesh-controller",
+                "gateway.networking.k8s.io/gateway-name": name,
+            }},
+            "spec": {
+                "clusterIP": vip.to_string(),
+                "clusterIPs": [vip.to_string()],
+                "selector": {"gateway.networking.k8s.io/gateway-name": name},
+                "ports": [{"name": "mesh", "port": 15008, "appProtocol": "all"}],
+            },
+        }),
+        {
+            let mut object = pod_object(pod, false, &[15008]);
+            object["metadata"]["labels"]["istio.io/dataplane-mode"] = json!("none");
+            object
+        },
+    ]
+}
+
+/// The bootstrap pilot-agent writes for a waypoint pod, with xDS straight to ambientd's
+/// 15012 over TLS (the token in the stream's metadata, as the agent sends it) and SDS from
+/// `ambientd sds` on the pod's loopback.
+fn waypoint_bootstrap(pod: &Pod, token: &str, root: &Path) -> Value {
+    let h2 = json!({
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}},
+        },
+    });
+    let endpoint = |ip: String, port: u16| {
+        json!({"endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {
+            "address": ip, "port_value": port}}}}]}]})
+    };
+    let ns = &pod.namespace;
+    let mut xds_load = endpoint(CONTROL_PLANE.to_string(), 15012);
+    xds_load["cluster_name"] = json!("xds-grpc");
+    let mut sds_load = endpoint("127.0.0.1".into(), 15053);
+    sds_load["cluster_name"] = json!("sds-grpc");
+    json!({
+        "node": {
+            "id": format!("waypoint~{}~{}.{ns}~{ns}.svc.cluster.local", pod.ip, pod.name),
+            "cluster": format!("{}.{ns}", pod.service_account),
+            "metadata": {
+                "NAMESPACE": ns,
+                "NAME": pod.name,
+                "INSTANCE_IPS": pod.ip.to_string(),
+                "SERVICE_ACCOUNT": pod.service_account,
+                "NODE_NAME": pod.node,
+                "CLUSTER_ID": "Kubernetes",
+                "WORKLOAD_NAME": pod.labels.get("gateway.networking.k8s.io/gateway-name"),
+                "LABELS": pod.labels,
+            },
+        },
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 15000}}},
+        "bootstrap_extensions": [{
+            "name": "envoy.bootstrap.internal_listener",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener",
+                "buffer_size_kb": 64,
+            },
+        }],
+        "dynamic_resources": {
+            "ads_config": {
+                "api_type": "DELTA_GRPC",
+                "transport_api_version": "V3",
+                "set_node_on_first_message_only": true,
+                "grpc_services": [{
+                    "envoy_grpc": {
+                        "cluster_name": "xds-grpc",
+                        "retry_policy": {"retry_back_off": {"base_interval": "0.1s", "max_interval": "1s"}},
+                    },
+                    "initial_metadata": [{"key": "authorization", "value": format!("Bearer {token}")}],
+                }],
+            },
+            "cds_config": {"ads": {}, "resource_api_version": "V3"},
+            "lds_config": {"ads": {}, "resource_api_version": "V3"},
+        },
+        "static_resources": {"clusters": [
+            {
+                "name": "xds-grpc",
+                "type": "STATIC",
+                "connect_timeout": "1s",
+                "typed_extension_protocol_options": h2,
+                "load_assignment": xds_load,
+                "transport_socket": {
+                    "name": "envoy.transport_sockets.tls",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                        "sni": "istiod.istio-system.svc",
+                        "common_tls_context": {
+                            "alpn_protocols": ["h2"],
+                            "validation_context": {"trusted_ca": {"filename": root}},
+                        },
+                    },
+                },
+            },
+            {
+                "name": "sds-grpc",
+                "type": "STATIC",
+                "connect_timeout": "1s",
+                "typed_extension_protocol_options": h2,
+                "load_assignment": sds_load,
+            },
+        ]},
+    })
+}

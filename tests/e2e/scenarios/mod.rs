@@ -1,0 +1,3 @@
+//! The scenarios, one module each.
+
+mod l4;
