@@ -202,15 +202,33 @@ fn parse_response(raw: &[u8]) -> Option<Response> {
     let (head, body) = text.split_once("\r\n\r\n")?;
     let mut lines = head.lines();
     let status = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
-    let headers = lines
+    let headers: BTreeMap<String, String> = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
+    let body = match headers.get("transfer-encoding") {
+        Some(coding) if coding.eq_ignore_ascii_case("chunked") => dechunk(body)?,
+        _ => body.to_string(),
+    };
     Some(Response {
         status,
         headers,
-        body: body.to_string(),
+        body,
     })
+}
+
+/// A chunked body's content (Envoy's admin answers so).
+fn dechunk(mut rest: &str) -> Option<String> {
+    let mut body = String::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n")?;
+        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
+        if size == 0 {
+            return Some(body);
+        }
+        body.push_str(after.get(..size)?);
+        rest = after.get(size..)?.strip_prefix("\r\n")?;
+    }
 }
 
 /// A TCP connection to an echo server: its greeting, then line round trips.

@@ -426,6 +426,12 @@ impl Mesh {
         .unwrap_or_default()
     }
 
+    /// The sum of a ztunnel's Prometheus samples of `metric` whose labels include all of
+    /// `labels` (`key="value"` as the exposition writes them).
+    pub fn ztunnel_metric(&self, node: usize, metric: &str, labels: &[(&str, &str)]) -> u64 {
+        sum_samples(&self.ztunnel_get(node, 15020, "/metrics"), metric, labels)
+    }
+
     /// A ztunnel's log so far.
     pub fn ztunnel_log(&self, node: usize) -> String {
         self.node(node)
@@ -548,15 +554,19 @@ impl Mesh {
 
     // ---- services and policy ----
 
-    /// A Service selecting `app=<app>` with `ports` (name, port, targetPort) and the next VIP;
+    /// A Service selecting `selector` with `ports` (name, port, targetPort) and the next VIP;
     /// `extra_labels` such as `istio.io/use-waypoint`.
     pub fn add_service(
         &mut self,
         name: &str,
-        app: &str,
+        selector: &[(&str, &str)],
         ports: &[(&str, u16, u16)],
         extra_labels: &[(&str, &str)],
     ) -> Ipv4Addr {
+        let selector: serde_json::Map<String, Value> = selector
+            .iter()
+            .map(|(k, v)| (k.to_string(), json!(v)))
+            .collect();
         let vip = Ipv4Addr::new(10, 96, 0, self.next_vip);
         self.next_vip += 1;
         let labels: serde_json::Map<String, Value> = extra_labels
@@ -578,7 +588,7 @@ impl Mesh {
                 "spec": {
                     "clusterIP": vip.to_string(),
                     "clusterIPs": [vip.to_string()],
-                    "selector": {"app": app},
+                    "selector": selector,
                     "ports": ports,
                 },
             })],
@@ -711,11 +721,47 @@ impl Mesh {
     }
 }
 
+/// The sum of the samples of `metric` in Prometheus text whose labels include all of
+/// `labels`.
+pub fn sum_samples(text: &str, metric: &str, labels: &[(&str, &str)]) -> u64 {
+    text.lines()
+        .filter(|line| {
+            line.strip_prefix(metric)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter(|line| {
+            labels
+                .iter()
+                .all(|(k, v)| line.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
 /// The last `lines` lines of a log file.
 pub fn tail(path: &Path, lines: usize) -> String {
     let log = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = log.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+impl Mesh {
+    /// Writes what each proxy holds into the bed's directory, for reading a failure:
+    /// `ztunnel-<node>.config_dump.json`, `envoy-<waypoint>.config_dump.json` and `.stats`.
+    fn save_state(&self) {
+        for node in 1..=self.nodes.len() {
+            let dump = self.ztunnel_get(node, 15000, "/config_dump");
+            let _ = std::fs::write(self.dir.join(format!("ztunnel-node{node}.config_dump.json")), dump);
+        }
+        for pod in self.pods.iter().filter(|p| p.envoy_admin.is_some()) {
+            for (path, suffix) in [("/config_dump?include_eds", "config_dump.json"), ("/stats", "stats")] {
+                let _ = std::fs::write(
+                    self.dir.join(format!("envoy-{}.{suffix}", pod.name)),
+                    envoy_get(pod, path),
+                );
+            }
+        }
+    }
 }
 
 fn envoy_get(pod: &Pod, path: &str) -> String {
@@ -727,6 +773,9 @@ fn envoy_get(pod: &Pod, path: &str) -> String {
 
 impl Drop for Mesh {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.save_state();
+        }
         // Programs first (ztunnels hold pods' namespaces), then namespaces.
         for pod in &mut self.pods {
             pod.processes.clear();

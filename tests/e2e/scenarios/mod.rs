@@ -1,3 +1,4 @@
 //! The scenarios, one module each.
 
 mod l4;
+mod waypoint;
