@@ -145,7 +145,6 @@ fn answer_tcp(stream: TcpStream, name: &str, peer: SocketAddr) {
 #[derive(Clone, Debug)]
 pub struct Response {
     pub status: u16,
-    pub headers: BTreeMap<String, String>,
     pub body: String,
 }
 
@@ -210,11 +209,7 @@ fn parse_response(raw: &[u8]) -> Option<Response> {
         Some(coding) if coding.eq_ignore_ascii_case("chunked") => dechunk(body)?,
         _ => body.to_string(),
     };
-    Some(Response {
-        status,
-        headers,
-        body,
-    })
+    Some(Response { status, body })
 }
 
 /// A chunked body's content (Envoy's admin answers so).

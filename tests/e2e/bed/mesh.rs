@@ -106,6 +106,8 @@ pub struct Pod {
     processes: Vec<Process>,
     /// Envoy's admin address inside the pod, for a waypoint pod.
     pub envoy_admin: Option<SocketAddr>,
+    /// When its manifest was written.
+    pub written: Instant,
 }
 
 impl Pod {
@@ -205,10 +207,6 @@ impl Mesh {
             mesh.wait_ztunnel_ready(index);
         }
         Some(mesh)
-    }
-
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 
     // ---- the control plane ----
@@ -432,6 +430,23 @@ impl Mesh {
         sum_samples(&self.ztunnel_get(node, 15020, "/metrics"), metric, labels)
     }
 
+    /// The certificates a ztunnel holds (its config_dump's `certificates`): identity, state
+    /// (`Available` when usable) and the leaf's serial number.
+    pub fn ztunnel_certificates(&self, node: usize) -> Vec<(String, String, String)> {
+        let dump: Value =
+            serde_json::from_str(&self.ztunnel_get(node, 15000, "/config_dump")).unwrap_or_default();
+        let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+        dump["certificates"]
+            .as_array()
+            .map(|certs| {
+                certs
+                    .iter()
+                    .map(|c| (text(&c["identity"]), text(&c["state"]), text(&c["certChain"][0]["serialNumber"])))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// A ztunnel's log so far.
     pub fn ztunnel_log(&self, node: usize) -> String {
         self.node(node)
@@ -443,12 +458,15 @@ impl Mesh {
 
     // ---- pods ----
 
-    /// Adds a pod in the mesh: its netns and link, istio-cni's redirection, its manifest,
-    /// and its enrollment with the node's ztunnel.
+    /// Adds a pod in the mesh in the order a cluster does it: its netns and link, istio-cni's
+    /// redirection and its enrollment with the node's ztunnel (the CNI ADD), then its
+    /// manifest (the kubelet reporting it Running with its IP). `Pod::written` is when the
+    /// manifest was written.
     pub fn add_pod(&mut self, spec: PodSpec) -> &Pod {
-        let pod = self.make_pod(&spec, true, &[]);
-        self.apply(&format!("pod-{}", pod.name), &[pod_object(&pod, true, &[])]);
+        let mut pod = self.make_pod(&spec, true, &[]);
         self.enroll(&pod);
+        pod.written = Instant::now();
+        self.apply(&format!("pod-{}", pod.name), &[pod_object(&pod, true, &[])]);
         self.pods.push(pod);
         self.pods.last().expect("pod")
     }
@@ -498,6 +516,7 @@ impl Mesh {
             servers: Vec::new(),
             processes: Vec::new(),
             envoy_admin: None,
+            written: Instant::now(),
         }
     }
 
@@ -518,20 +537,24 @@ impl Mesh {
         );
     }
 
-    /// Deletes a pod: out of ztunnel (as the agent does when the sandbox goes), out of the
-    /// manifests, and its namespace removed.
-    pub fn delete_pod(&mut self, name: &str) {
+    /// Deletes a pod as a cluster does: its object goes (the Service's endpoints with it),
+    /// and once every ztunnel has dropped it, the CNI DEL (out of its ztunnel) and its
+    /// sandbox. Returns how long the ztunnels took to drop it.
+    pub fn delete_pod(&mut self, name: &str) -> Duration {
         let at = self
             .pods
             .iter()
             .position(|p| p.name == name)
             .unwrap_or_else(|| panic!("no pod {name}"));
-        let pod = self.pods.remove(at);
         self.remove(&format!("pod-{name}"));
+        let ip = self.pods[at].ip;
+        let took = self.wait_ztunnels_forget(&format!("{ip}\""));
+        let pod = self.pods.remove(at);
         if let Some(node) = self.nodes.iter().find(|n| n.name == pod.node) {
             node.agent.delete(&pod.uid);
         }
         drop(pod);
+        took
     }
 
     pub fn pod(&self, name: &str) -> &Pod {
@@ -686,16 +709,6 @@ impl Mesh {
         envoy_get(self.pod(waypoint), path)
     }
 
-    /// An Envoy counter's value (0 when absent).
-    pub fn envoy_counter(&self, waypoint: &str, name: &str) -> u64 {
-        let stats = self.envoy_get(waypoint, &format!("/stats?filter=^{name}$"));
-        stats
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
-    }
-
     /// Waits until every ztunnel's config_dump lists `what` (an IP or a name), and returns
     /// how long that took.
     pub fn wait_ztunnels_know(&self, what: &str) -> Duration {
@@ -705,6 +718,20 @@ impl Mesh {
                 &format!("node{node}'s ztunnel to know {what}"),
                 STARTUP,
                 || self.ztunnel_get(node, 15000, "/config_dump").contains(what).then_some(()),
+                || self.ztunnel_log_tail(node),
+            );
+        }
+        started.elapsed()
+    }
+
+    /// Waits until no ztunnel's config_dump contains `what`; how long that took.
+    pub fn wait_ztunnels_forget(&self, what: &str) -> Duration {
+        let started = Instant::now();
+        for node in 1..=self.nodes.len() {
+            wait_for(
+                &format!("node{node}'s ztunnel to forget {what}"),
+                STARTUP,
+                || (!self.ztunnel_get(node, 15000, "/config_dump").contains(what)).then_some(()),
                 || self.ztunnel_log_tail(node),
             );
         }

@@ -4,8 +4,7 @@
 //! process that no longer runs (one killed outright) are removed by [`sweep_stale`] before a
 //! bed is made.
 //!
-//! Code of the test itself runs inside a namespace on a thread of its own ([`Netns::run`],
-//! [`Netns::spawn`]): `setns(2)` moves only the calling thread, and a socket stays in the
+//! Code of the test itself runs inside a namespace on a thread of its own ([`Netns::run`]): `setns(2)` moves only the calling thread, and a socket stays in the
 //! namespace it was made in, so a listener or a connection made there can be used anywhere.
 
 use std::fs::File;
@@ -103,22 +102,6 @@ impl Netns {
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
         })
-    }
-
-    /// Starts `f` on a thread inside the namespace, in the background.
-    pub fn spawn(
-        &self,
-        name: &str,
-        f: impl FnOnce() + Send + 'static,
-    ) -> std::thread::JoinHandle<()> {
-        let file = self.file();
-        std::thread::Builder::new()
-            .name(name.to_string())
-            .spawn(move || {
-                setns(&file, CloneFlags::CLONE_NEWNET).expect("setns");
-                f()
-            })
-            .expect("spawn thread")
     }
 }
 

@@ -36,10 +36,6 @@ impl Process {
         }
     }
 
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     pub fn log_path(&self) -> &Path {
         &self.log
     }

@@ -111,8 +111,6 @@ struct Shared {
     pods: BTreeMap<String, Enrolled>,
     /// The connected ztunnel, once it has had its snapshot.
     ztunnel: Option<UnixSeqpacketConn>,
-    /// How many times a ztunnel has connected and taken the snapshot.
-    sessions: u32,
 }
 
 /// One node's agent: the listening socket and what it has enrolled.
@@ -145,7 +143,6 @@ impl Agent {
                     match handshake(conn, &shared.pods) {
                         Ok(conn) => {
                             shared.ztunnel = Some(conn);
-                            shared.sessions += 1;
                         }
                         Err(e) => eprintln!("ZDS session failed: {e}"),
                     }
@@ -161,11 +158,6 @@ impl Agent {
 
     pub fn path(&self) -> &Path {
         &self.path
-    }
-
-    /// How many snapshots ztunnels have taken (one per connection).
-    pub fn sessions(&self) -> u32 {
-        self.shared.lock().expect("zds state").sessions
     }
 
     /// Enrolls a pod (its uid is the Kubernetes `metadata.uid`), telling a connected ztunnel
