@@ -19,5 +19,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Held by each scenario for its whole run.
 pub fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

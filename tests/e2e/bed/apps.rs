@@ -182,8 +182,7 @@ pub fn http(
          content-length: 0\r\nconnection: close\r\n\r\n"
     );
     stream.write_all(request.as_bytes())?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
+    let raw = read_response(&mut stream)?;
     parse_response(&raw).ok_or_else(|| {
         std::io::Error::new(
             std::io::ErrorKind::UnexpectedEof,
@@ -194,6 +193,32 @@ pub fn http(
             ),
         )
     })
+}
+
+/// Reads one response: up to the end of a `content-length` body, else to the end of the
+/// stream. (Envoy keeps a connection it answered itself open for a second after a
+/// `connection: close` reply, waiting for the client to close first: reading to the end
+/// would time that second, not the answer.)
+fn read_response(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut raw = Vec::new();
+    let mut buffer = [0u8; 16 * 1024];
+    loop {
+        if let Some(head_end) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&raw[..head_end]).to_ascii_lowercase();
+            let length = head.lines().find_map(|l| {
+                l.strip_prefix("content-length:")
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+            });
+            if length.is_some_and(|n| raw.len() >= head_end + 4 + n) {
+                return Ok(raw);
+            }
+        }
+        let n = stream.read(&mut buffer)?;
+        if n == 0 {
+            return Ok(raw);
+        }
+        raw.extend_from_slice(&buffer[..n]);
+    }
 }
 
 fn parse_response(raw: &[u8]) -> Option<Response> {

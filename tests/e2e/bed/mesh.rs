@@ -30,7 +30,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::apps::{self, Protocol, Server};
+use super::kube::{ApiServer, KubeTools};
 use super::netns::{self, Netns};
+use super::objects::{cluster_objects, pod_object, service_account};
 use super::process::{Process, wait_for};
 use super::tools::Tools;
 use super::zds::{Agent, WorkloadInfo};
@@ -76,8 +78,26 @@ COMMIT
 /// istio-cni's policy routing beside [`INPOD_RULES`]: packets marked 0x111 are delivered
 /// locally (to ztunnel's transparent socket).
 const INPOD_ROUTES: [&[&str]; 2] = [
-    &["rule", "add", "fwmark", "0x111/0xfff", "pref", "32764", "lookup", "100"],
-    &["route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", "100"],
+    &[
+        "rule",
+        "add",
+        "fwmark",
+        "0x111/0xfff",
+        "pref",
+        "32764",
+        "lookup",
+        "100",
+    ],
+    &[
+        "route",
+        "add",
+        "local",
+        "0.0.0.0/0",
+        "dev",
+        "lo",
+        "table",
+        "100",
+    ],
 ];
 
 /// A node: its namespace, its ztunnel and its CNI agent.
@@ -103,10 +123,10 @@ pub struct Pod {
     pub netns: Netns,
     servers: Vec<Server>,
     /// The waypoint's Envoy and `ambientd sds`, for a waypoint pod.
-    processes: Vec<Process>,
+    pub(super) processes: Vec<Process>,
     /// Envoy's admin address inside the pod, for a waypoint pod.
     pub envoy_admin: Option<SocketAddr>,
-    /// When its manifest was written.
+    /// When it was reported Running with its IP (its manifest written, or its status set).
     pub written: Instant,
 }
 
@@ -151,23 +171,50 @@ impl PodSpec {
     }
 }
 
+/// Where ambientd reads the mesh from.
+pub enum Source {
+    /// A manifests directory: objects are files.
+    Manifests,
+    /// A real API server: objects are applied to it, and ambientd watches it.
+    Kube(Box<ApiServer>),
+}
+
+/// An object as the API server names it: apiVersion, kind, namespace, name.
+type ObjectId = (String, String, Option<String>, String);
+
 /// The mesh; everything in it is removed on drop.
 pub struct Mesh {
     pub tools: Tools,
-    dir: PathBuf,
+    pub(super) dir: PathBuf,
     manifests: PathBuf,
-    ca_dir: PathBuf,
+    pub(super) ca_dir: PathBuf,
+    /// The mesh's root certificate, for ztunnels and the waypoint.
+    pub(super) root_cert: PathBuf,
     pub ctl: Netns,
+    pub source: Source,
+    /// What each `apply` name put in the API server, for `remove`.
+    applied: std::sync::Mutex<BTreeMap<String, Vec<ObjectId>>>,
+    service_accounts: std::collections::BTreeSet<(String, String)>,
     ambientd: Option<Process>,
     pub nodes: Vec<Node>,
-    pods: Vec<Pod>,
-    next_vip: u8,
+    pub(super) pods: Vec<Pod>,
+    pub(super) next_vip: u8,
 }
 
 impl Mesh {
     /// A mesh of `nodes` nodes with a ztunnel each, served by ambientd from manifests; `None`
     /// (after saying why) when a tool is missing outside CI.
     pub fn start(nodes: usize) -> Option<Mesh> {
+        Mesh::start_with(nodes, None)
+    }
+
+    /// The same mesh with ambientd watching a real API server, which holds its objects.
+    pub fn start_on_kube(nodes: usize) -> Option<Mesh> {
+        let kube = KubeTools::find()?;
+        Mesh::start_with(nodes, Some(kube))
+    }
+
+    fn start_with(nodes: usize, kube: Option<KubeTools>) -> Option<Mesh> {
         let tools = Tools::find()?;
         netns::sweep_stale();
         let base = std::env::var_os("AMBIENTD_E2E_DIR")
@@ -182,24 +229,54 @@ impl Mesh {
         let (manifests, ca_dir) = (dir.join("manifests"), dir.join("ca"));
         std::fs::create_dir_all(&manifests).expect("manifests dir");
         std::fs::create_dir_all(&ca_dir).expect("ca dir");
+        eprintln!("the bed's logs and manifests: {}", dir.display());
 
         let ctl = Netns::create("ctl");
         ctl.sysctl("net.ipv4.ip_forward", "1");
         ctl.ip(&["addr", "add", &format!("{CONTROL_PLANE}/32"), "dev", "lo"]);
+        let source = match &kube {
+            Some(kube) => Source::Kube(Box::new(ApiServer::start(kube, &ctl, &dir))),
+            None => Source::Manifests,
+        };
+        let root_cert = match source {
+            Source::Manifests => ca_dir.join("root-cert.pem"),
+            Source::Kube(_) => dir.join("root-cert.pem"),
+        };
         let mut mesh = Mesh {
             tools,
             dir,
             manifests,
             ca_dir,
+            root_cert,
             ctl,
+            source,
+            applied: Default::default(),
+            service_accounts: Default::default(),
             ambientd: None,
             nodes: Vec::new(),
             pods: Vec::new(),
             next_vip: 10,
         };
-        eprintln!("the bed's logs and manifests: {}", mesh.dir.display());
         mesh.apply("00-cluster", &cluster_objects(nodes));
         mesh.start_ambientd();
+        if let Source::Kube(api) = &mesh.source {
+            // The root ztunnels trust, as their chart mounts it: the ConfigMap ambientd's
+            // leader writes into every namespace.
+            let root = wait_for(
+                "ambientd to write ConfigMap istio-ca-root-cert",
+                STARTUP,
+                || {
+                    api.data(
+                        "ConfigMap",
+                        "istio-system",
+                        "istio-ca-root-cert",
+                        "root-cert.pem",
+                    )
+                },
+                String::new,
+            );
+            std::fs::write(&mesh.root_cert, root).expect("root cert");
+        }
         for index in 1..=nodes as u8 {
             mesh.add_node(index);
         }
@@ -209,15 +286,25 @@ impl Mesh {
         Some(mesh)
     }
 
+    /// The API server, in a mesh started on one.
+    pub fn api(&self) -> Option<&ApiServer> {
+        match &self.source {
+            Source::Kube(api) => Some(api),
+            Source::Manifests => None,
+        }
+    }
+
     // ---- the control plane ----
 
     /// Starts (or restarts) ambientd in ctl and waits until it is ready.
     pub fn start_ambientd(&mut self) {
         let mut command = self.ctl.command(&self.tools.ambientd);
+        command.arg("serve");
+        match &self.source {
+            Source::Manifests => command.arg("--manifests").arg(&self.manifests),
+            Source::Kube(api) => command.arg("--kubeconfig").arg(&api.kubeconfig),
+        };
         command
-            .arg("serve")
-            .arg("--manifests")
-            .arg(&self.manifests)
             .arg("--ca-dir")
             .arg(&self.ca_dir)
             .args(["--xds-address", "0.0.0.0:15010"])
@@ -259,7 +346,7 @@ impl Mesh {
         })
     }
 
-    fn ambientd_log_tail(&self) -> String {
+    pub(super) fn ambientd_log_tail(&self) -> String {
         let log = self.ambientd_log();
         let lines: Vec<&str> = log.lines().collect();
         lines[lines.len().saturating_sub(30)..].join("\n")
@@ -279,7 +366,7 @@ impl Mesh {
     }
 
     /// Mints a token from ambientd's CA directory (`ambientd token`).
-    fn token(&self, file: &str, args: &[&str]) -> PathBuf {
+    pub(super) fn local_token(&self, file: &str, args: &[&str]) -> PathBuf {
         let path = self.dir.join(file);
         netns::run(
             std::process::Command::new(&self.tools.ambientd)
@@ -293,20 +380,87 @@ impl Mesh {
         path
     }
 
-    // ---- manifests ----
-
-    /// Writes `objects` as `<name>.json` (a `List`), atomically.
-    pub fn apply(&self, name: &str, objects: &[Value]) {
-        let list = json!({"apiVersion": "v1", "kind": "List", "items": objects});
-        let temp = self.manifests.join(format!(".{name}.tmp"));
-        std::fs::write(&temp, serde_json::to_vec_pretty(&list).expect("json")).expect("write");
-        std::fs::rename(&temp, self.manifests.join(format!("{name}.json"))).expect("rename");
+    /// A token for `pod`'s service account, bound to it, in `file`: from the TokenRequest
+    /// API on a cluster (checked by ambientd with a TokenReview), else minted locally.
+    pub(super) fn pod_token(&self, file: &str, pod: &Pod) -> PathBuf {
+        match &self.source {
+            Source::Kube(api) => {
+                let token = api.token(
+                    &pod.namespace,
+                    &pod.service_account,
+                    (&pod.name, &pod.uid),
+                    "istio-ca",
+                );
+                let path = self.dir.join(file);
+                std::fs::write(&path, token).expect("token");
+                path
+            }
+            Source::Manifests => self.local_token(
+                file,
+                &[
+                    "--namespace",
+                    &pod.namespace,
+                    "--service-account",
+                    &pod.service_account,
+                    "--pod",
+                    &pod.name,
+                    "--pod-uid",
+                    &pod.uid,
+                    "--node",
+                    &pod.node,
+                ],
+            ),
+        }
     }
 
-    /// Removes `<name>.json`.
+    // ---- objects ----
+
+    /// Publishes `objects` under `name`: a file `<name>.json` (a `List`, written atomically)
+    /// in the manifests directory, or each object applied to the API server.
+    pub fn apply(&self, name: &str, objects: &[Value]) {
+        match &self.source {
+            Source::Manifests => {
+                let list = json!({"apiVersion": "v1", "kind": "List", "items": objects});
+                let temp = self.manifests.join(format!(".{name}.tmp"));
+                std::fs::write(&temp, serde_json::to_vec_pretty(&list).expect("json"))
+                    .expect("write");
+                std::fs::rename(&temp, self.manifests.join(format!("{name}.json")))
+                    .expect("rename");
+            }
+            Source::Kube(api) => {
+                let ids = objects
+                    .iter()
+                    .map(|object| {
+                        api.apply(object);
+                        let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+                        (
+                            text(&object["apiVersion"]),
+                            text(&object["kind"]),
+                            object["metadata"]["namespace"].as_str().map(str::to_string),
+                            text(&object["metadata"]["name"]),
+                        )
+                    })
+                    .collect();
+                self.applied
+                    .lock()
+                    .expect("applied")
+                    .insert(name.into(), ids);
+            }
+        }
+    }
+
+    /// Takes back what `apply(name, …)` published.
     pub fn remove(&self, name: &str) {
-        std::fs::remove_file(self.manifests.join(format!("{name}.json")))
-            .unwrap_or_else(|e| panic!("remove manifest {name}: {e}"));
+        match &self.source {
+            Source::Manifests => std::fs::remove_file(self.manifests.join(format!("{name}.json")))
+                .unwrap_or_else(|e| panic!("remove manifest {name}: {e}")),
+            Source::Kube(api) => {
+                let ids = self.applied.lock().expect("applied").remove(name);
+                for (api_version, kind, namespace, object) in ids.unwrap_or_default() {
+                    api.delete(&api_version, &kind, namespace.as_deref(), &object);
+                }
+            }
+        }
     }
 
     // ---- nodes ----
@@ -316,7 +470,16 @@ impl Mesh {
         let netns = Netns::create(&format!("n{index}"));
         let link = format!("n{index}");
         self.ctl.ip(&[
-            "link", "add", &link, "type", "veth", "peer", "name", "eth0", "netns", netns.name(),
+            "link",
+            "add",
+            &link,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            netns.name(),
         ]);
         self.ctl
             .ip(&["addr", "add", &format!("172.30.{index}.1/24"), "dev", &link]);
@@ -328,9 +491,21 @@ impl Mesh {
             "via",
             &format!("172.30.{index}.2"),
         ]);
-        netns.ip(&["addr", "add", &format!("172.30.{index}.2/24"), "dev", "eth0"]);
+        netns.ip(&[
+            "addr",
+            "add",
+            &format!("172.30.{index}.2/24"),
+            "dev",
+            "eth0",
+        ]);
         netns.ip(&["link", "set", "eth0", "up"]);
-        netns.ip(&["route", "add", "default", "via", &format!("172.30.{index}.1")]);
+        netns.ip(&[
+            "route",
+            "add",
+            "default",
+            "via",
+            &format!("172.30.{index}.1"),
+        ]);
         netns.sysctl("net.ipv4.ip_forward", "1");
         for netns in [&netns, &self.ctl] {
             netns.sysctl("net.ipv4.conf.all.rp_filter", "0");
@@ -351,12 +526,26 @@ impl Mesh {
 
     /// A real ztunnel for `node`, as its DaemonSet runs it: in-pod mode on the agent's
     /// socket, xDS and certificates from ambientd's 15012 with a node-bound token.
-    fn start_ztunnel(&self, node: &Node) -> Process {
-        let token = self.token(
-            &format!("{}.token", node.name),
-            &["--node", &node.name, "--pod", &format!("ztunnel-{}", node.name)],
-        );
-        let root = self.ca_dir.join("root-cert.pem");
+    fn start_ztunnel(&mut self, node: &Node) -> Process {
+        // ztunnel's own pod, for its token's binding (on a cluster, ambientd finds the node a
+        // ztunnel may ask certificates for from the pod its token is bound to).
+        let mut pod = Pod {
+            name: format!("ztunnel-{}", node.name),
+            namespace: "istio-system".into(),
+            service_account: "ztunnel".into(),
+            uid: format!("00000000-e2e0-4000-8000-0000000000{:02x}", node.index),
+            ip: Ipv4Addr::new(172, 30, node.index, 2),
+            node: node.name.clone(),
+            labels: [("app".to_string(), "ztunnel".to_string())].into(),
+            netns: Netns::create(&format!("z{}", node.index)),
+            servers: Vec::new(),
+            processes: Vec::new(),
+            envoy_admin: None,
+            written: Instant::now(),
+        };
+        self.publish_pod(&mut pod, false);
+        let token = self.pod_token(&format!("{}.token", node.name), &pod);
+        let root = self.root_cert.clone();
         let endpoint = format!("https://{CONTROL_PLANE}:15012");
         // ztunnel reads ./etc/istio/config/mesh and ./var/run/secrets relative to where it
         // runs: a directory of its own keeps it from finding anything by accident.
@@ -402,7 +591,7 @@ impl Mesh {
                 .ok()
                 .filter(|r| r.status == 200)
             },
-            || String::new(),
+            String::new,
         );
     }
 
@@ -433,15 +622,21 @@ impl Mesh {
     /// The certificates a ztunnel holds (its config_dump's `certificates`): identity, state
     /// (`Available` when usable) and the leaf's serial number.
     pub fn ztunnel_certificates(&self, node: usize) -> Vec<(String, String, String)> {
-        let dump: Value =
-            serde_json::from_str(&self.ztunnel_get(node, 15000, "/config_dump")).unwrap_or_default();
+        let dump: Value = serde_json::from_str(&self.ztunnel_get(node, 15000, "/config_dump"))
+            .unwrap_or_default();
         let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
         dump["certificates"]
             .as_array()
             .map(|certs| {
                 certs
                     .iter()
-                    .map(|c| (text(&c["identity"]), text(&c["state"]), text(&c["certChain"][0]["serialNumber"])))
+                    .map(|c| {
+                        (
+                            text(&c["identity"]),
+                            text(&c["state"]),
+                            text(&c["certChain"][0]["serialNumber"]),
+                        )
+                    })
                     .collect()
             })
             .unwrap_or_default()
@@ -458,20 +653,41 @@ impl Mesh {
 
     // ---- pods ----
 
-    /// Adds a pod in the mesh in the order a cluster does it: its netns and link, istio-cni's
-    /// redirection and its enrollment with the node's ztunnel (the CNI ADD), then its
-    /// manifest (the kubelet reporting it Running with its IP). `Pod::written` is when the
-    /// manifest was written.
+    /// Adds a pod in the mesh in the order a cluster does it: its object bound to its node
+    /// (on a cluster; it gets its uid there), its netns and link, istio-cni's redirection and
+    /// its enrollment with the node's ztunnel (the CNI ADD), then its status Running with its
+    /// IP (the kubelet; a manifest is written only now). `Pod::written` is that moment.
     pub fn add_pod(&mut self, spec: PodSpec) -> &Pod {
-        let mut pod = self.make_pod(&spec, true, &[]);
-        self.enroll(&pod);
-        pod.written = Instant::now();
-        self.apply(&format!("pod-{}", pod.name), &[pod_object(&pod, true, &[])]);
+        let mut pod = self.make_pod(&spec, true);
+        self.publish_pod(&mut pod, true);
         self.pods.push(pod);
         self.pods.last().expect("pod")
     }
 
-    fn make_pod(&mut self, spec: &PodSpec, redirected: bool, _ports: &[u16]) -> Pod {
+    /// Publishes a pod made by `make_pod`: created (a cluster gives its uid), enrolled with
+    /// its ztunnel when `redirected`, then reported Running.
+    pub(super) fn publish_pod(&mut self, pod: &mut Pod, redirected: bool) {
+        let file = format!("pod-{}", pod.name);
+        if let Source::Kube(api) = &self.source {
+            let account = (pod.namespace.clone(), pod.service_account.clone());
+            if self.service_accounts.insert(account) {
+                api.apply(&service_account(&pod.namespace, &pod.service_account));
+            }
+            pod.uid.clear();
+            let created = api.apply(&pod_object(pod, redirected, &[], false));
+            pod.uid = created["metadata"]["uid"]
+                .as_str()
+                .expect("a uid")
+                .to_string();
+        }
+        if redirected {
+            self.enroll(pod);
+        }
+        pod.written = Instant::now();
+        self.apply(&file, &[pod_object(pod, redirected, &[], true)]);
+    }
+
+    pub(super) fn make_pod(&mut self, spec: &PodSpec, redirected: bool) -> Pod {
         let node = &mut self.nodes[spec.node - 1];
         let (i, j) = (node.index, node.next_pod);
         node.next_pod += 1;
@@ -479,7 +695,16 @@ impl Mesh {
         let netns = Netns::create(&spec.name);
         let link = format!("p{j}");
         node.netns.ip(&[
-            "link", "add", &link, "type", "veth", "peer", "name", "eth0", "netns", netns.name(),
+            "link",
+            "add",
+            &link,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            netns.name(),
         ]);
         node.netns
             .ip(&["addr", "add", &format!("10.30.{i}.1/32"), "dev", &link]);
@@ -619,96 +844,6 @@ impl Mesh {
         vip
     }
 
-    /// A waypoint named `name` on node `node`: its Gateway (with the status istiod writes), its
-    /// Service and pod as the deployment controller makes them, `ambientd sds` for its
-    /// certificate and a real Envoy that takes its config from ambientd's 15012. Returns once
-    /// Envoy has its listeners.
-    pub fn add_waypoint(&mut self, name: &str, node: usize) -> Ipv4Addr {
-        let vip = Ipv4Addr::new(10, 96, 0, self.next_vip);
-        self.next_vip += 1;
-        let spec = PodSpec::new(name, node).label("gateway.networking.k8s.io/gateway-name", name);
-        let mut pod = self.make_pod(&spec, false, &[]);
-        pod.labels.remove("app");
-        let objects = waypoint_objects(name, vip, &pod);
-        self.apply(&format!("waypoint-{name}"), &objects);
-
-        let sds = pod.netns.command(&self.tools.ambientd);
-        let mut sds = sds;
-        sds.arg("sds")
-            .args(["--namespace", &pod.namespace])
-            .args(["--service-account", &pod.service_account])
-            .args(["--listen", "127.0.0.1:15053"])
-            .arg("--ca-dir")
-            .arg(&self.ca_dir);
-        pod.processes
-            .push(Process::start(&format!("sds-{name}"), sds, &self.dir));
-
-        let token = self.token(
-            &format!("{name}.token"),
-            &[
-                "--namespace",
-                &pod.namespace,
-                "--service-account",
-                &pod.service_account,
-                "--pod",
-                &pod.name,
-                "--pod-uid",
-                &pod.uid,
-            ],
-        );
-        let token = std::fs::read_to_string(token).expect("token");
-        let bootstrap = self.dir.join(format!("envoy-{name}.json"));
-        let text = serde_json::to_string_pretty(&waypoint_bootstrap(
-            &pod,
-            &token,
-            &self.ca_dir.join("root-cert.pem"),
-        ))
-        .expect("bootstrap");
-        std::fs::write(&bootstrap, text).expect("write bootstrap");
-        let mut envoy = pod.netns.command(&self.tools.envoy);
-        envoy
-            .arg("-c")
-            .arg(&bootstrap)
-            .args(["--disable-hot-restart", "--concurrency", "1"])
-            .args(["--base-id", &(std::process::id() % 60_000 + 1000).to_string()])
-            .arg("--reject-unknown-dynamic-fields")
-            .args(["-l", "info"])
-            .args(["--file-flush-interval-msec", "100"]);
-        pod.processes
-            .push(Process::start(&format!("envoy-{name}"), envoy, &self.dir));
-        pod.envoy_admin = Some(([127, 0, 0, 1], 15000).into());
-        let logs: Vec<PathBuf> = pod.processes.iter().map(|p| p.log_path().to_path_buf()).collect();
-        wait_for(
-            &format!("waypoint {name}'s Envoy to take its listeners"),
-            STARTUP,
-            || {
-                for process in &mut pod.processes {
-                    process.assert_running();
-                }
-                let stats = envoy_get(&pod, "/stats?filter=listener_manager.total_listeners_active");
-                let active = stats
-                    .split(':')
-                    .nth(1)
-                    .and_then(|n| n.trim().parse::<u32>().ok())
-                    .unwrap_or(0);
-                (active >= 3).then_some(())
-            },
-            || {
-                logs.iter()
-                    .map(|p| format!("--- {}:\n{}", p.display(), tail(p, 20)))
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            },
-        );
-        self.pods.push(pod);
-        vip
-    }
-
-    /// GET `path` on a waypoint's Envoy admin.
-    pub fn envoy_get(&self, waypoint: &str, path: &str) -> String {
-        envoy_get(self.pod(waypoint), path)
-    }
-
     /// Waits until every ztunnel's config_dump lists `what` (an IP or a name), and returns
     /// how long that took.
     pub fn wait_ztunnels_know(&self, what: &str) -> Duration {
@@ -717,7 +852,11 @@ impl Mesh {
             wait_for(
                 &format!("node{node}'s ztunnel to know {what}"),
                 STARTUP,
-                || self.ztunnel_get(node, 15000, "/config_dump").contains(what).then_some(()),
+                || {
+                    self.ztunnel_get(node, 15000, "/config_dump")
+                        .contains(what)
+                        .then_some(())
+                },
                 || self.ztunnel_log_tail(node),
             );
         }
@@ -778,24 +917,24 @@ impl Mesh {
     fn save_state(&self) {
         for node in 1..=self.nodes.len() {
             let dump = self.ztunnel_get(node, 15000, "/config_dump");
-            let _ = std::fs::write(self.dir.join(format!("ztunnel-node{node}.config_dump.json")), dump);
+            let _ = std::fs::write(
+                self.dir
+                    .join(format!("ztunnel-node{node}.config_dump.json")),
+                dump,
+            );
         }
         for pod in self.pods.iter().filter(|p| p.envoy_admin.is_some()) {
-            for (path, suffix) in [("/config_dump?include_eds", "config_dump.json"), ("/stats", "stats")] {
+            for (path, suffix) in [
+                ("/config_dump?include_eds", "config_dump.json"),
+                ("/stats", "stats"),
+            ] {
                 let _ = std::fs::write(
                     self.dir.join(format!("envoy-{}.{suffix}", pod.name)),
-                    envoy_get(pod, path),
+                    super::waypoint::envoy_admin_get(pod, path),
                 );
             }
         }
     }
-}
-
-fn envoy_get(pod: &Pod, path: &str) -> String {
-    let admin = pod.envoy_admin.expect("a waypoint pod");
-    apps::http(&pod.netns, admin, "GET", path, "envoy")
-        .map(|r| r.body)
-        .unwrap_or_default()
 }
 
 impl Drop for Mesh {
@@ -813,7 +952,7 @@ impl Drop for Mesh {
         self.ambientd = None;
         self.pods.clear();
         self.nodes.clear();
-        if std::thread::panicking() {
+        if std::thread::panicking() || std::env::var_os("AMBIENTD_E2E_KEEP").is_some() {
             eprintln!(
                 "the bed's logs, manifests and CA are kept in {}",
                 self.dir.display()
@@ -822,192 +961,4 @@ impl Drop for Mesh {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
-}
-
-/// Namespaces and Nodes.
-fn cluster_objects(nodes: usize) -> Vec<Value> {
-    let mut objects = vec![
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}}),
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {
-            "name": NAMESPACE,
-            "labels": {"kubernetes.io/metadata.name": NAMESPACE, "istio.io/dataplane-mode": "ambient"},
-        }}),
-    ];
-    for i in 1..=nodes {
-        objects.push(json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": format!("node{i}"), "labels": {"kubernetes.io/hostname": format!("node{i}")}},
-            "status": {"addresses": [{"type": "InternalIP", "address": format!("172.30.{i}.2")}]},
-        }));
-    }
-    objects
-}
-
-/// A Running, Ready pod as the kubelet reports it.
-fn pod_object(pod: &Pod, redirected: bool, ports: &[u16]) -> Value {
-    let mut annotations = serde_json::Map::new();
-    if redirected {
-        annotations.insert("ambient.istio.io/redirection".into(), json!("enabled"));
-    }
-    let ports: Vec<Value> = ports
-        .iter()
-        .map(|p| json!({"containerPort": p, "protocol": "TCP"}))
-        .collect();
-    json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": pod.name,
-            "namespace": pod.namespace,
-            "uid": pod.uid,
-            "labels": pod.labels,
-            "annotations": annotations,
-        },
-        "spec": {
-            "serviceAccountName": pod.service_account,
-            "nodeName": pod.node,
-            "containers": [{"name": "app", "image": "e2e", "ports": ports}],
-        },
-        "status": {
-            "phase": "Running",
-            "podIP": pod.ip.to_string(),
-            "podIPs": [{"ip": pod.ip.to_string()}],
-            "hostIP": format!("172.30.{}.2", pod.ip.octets()[2]),
-            "conditions": [{"type": "Ready", "status": "True"}],
-        },
-    })
-}
-
-/// A waypoint's Gateway (with istiod's status), Service and pod.
-fn waypoint_objects(name: &str, vip: Ipv4Addr, pod: &Pod) -> Vec<Value> {
-    vec![
-        json!({
-            "apiVersion": "gateway.networking.k8s.io/v1",
-            "kind": "GatewayClass",
-            "metadata": {"name": "istio-waypoint"},
-            "spec": {"controllerName": "istio.io/mesh-controller"},
-        }),
-        json!({
-            "apiVersion": "gateway.networking.k8s.io/v1",
-            "kind": "Gateway",
-            "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"istio.io/waypoint-for": "service"}},
-            "spec": {
-                "gatewayClassName": "istio-waypoint",
-                "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE",
-                               "allowedRoutes": {"namespaces": {"from": "Same"}}}],
-            },
-            "status": {"addresses": [
-                {"type": "IPAddress", "value": vip.to_string()},
-                {"type": "Hostname", "value": format!("{name}.{NAMESPACE}.svc.cluster.local")},
-            ]},
-        }),
-        json!({
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": name, "namespace": NAMESPACE, "labels": {
-                "gateway.istio.io/managed": "istio.io-mesh-controller",
-                "gateway.networking.k8s.io/gateway-name": name,
-            }},
-            "spec": {
-                "clusterIP": vip.to_string(),
-                "clusterIPs": [vip.to_string()],
-                "selector": {"gateway.networking.k8s.io/gateway-name": name},
-                "ports": [{"name": "mesh", "port": 15008, "appProtocol": "all"}],
-            },
-        }),
-        {
-            let mut object = pod_object(pod, false, &[15008]);
-            object["metadata"]["labels"]["istio.io/dataplane-mode"] = json!("none");
-            object
-        },
-    ]
-}
-
-/// The bootstrap pilot-agent writes for a waypoint pod, with xDS straight to ambientd's
-/// 15012 over TLS (the token in the stream's metadata, as the agent sends it) and SDS from
-/// `ambientd sds` on the pod's loopback.
-fn waypoint_bootstrap(pod: &Pod, token: &str, root: &Path) -> Value {
-    let h2 = json!({
-        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-            "explicit_http_config": {"http2_protocol_options": {}},
-        },
-    });
-    let endpoint = |ip: String, port: u16| {
-        json!({"endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {
-            "address": ip, "port_value": port}}}}]}]})
-    };
-    let ns = &pod.namespace;
-    let mut xds_load = endpoint(CONTROL_PLANE.to_string(), 15012);
-    xds_load["cluster_name"] = json!("xds-grpc");
-    let mut sds_load = endpoint("127.0.0.1".into(), 15053);
-    sds_load["cluster_name"] = json!("sds-grpc");
-    json!({
-        "node": {
-            "id": format!("waypoint~{}~{}.{ns}~{ns}.svc.cluster.local", pod.ip, pod.name),
-            "cluster": format!("{}.{ns}", pod.service_account),
-            "metadata": {
-                "NAMESPACE": ns,
-                "NAME": pod.name,
-                "INSTANCE_IPS": pod.ip.to_string(),
-                "SERVICE_ACCOUNT": pod.service_account,
-                "NODE_NAME": pod.node,
-                "CLUSTER_ID": "Kubernetes",
-                "WORKLOAD_NAME": pod.labels.get("gateway.networking.k8s.io/gateway-name"),
-                "LABELS": pod.labels,
-            },
-        },
-        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 15000}}},
-        "bootstrap_extensions": [{
-            "name": "envoy.bootstrap.internal_listener",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener",
-                "buffer_size_kb": 64,
-            },
-        }],
-        "dynamic_resources": {
-            "ads_config": {
-                "api_type": "DELTA_GRPC",
-                "transport_api_version": "V3",
-                "set_node_on_first_message_only": true,
-                "grpc_services": [{
-                    "envoy_grpc": {
-                        "cluster_name": "xds-grpc",
-                        "retry_policy": {"retry_back_off": {"base_interval": "0.1s", "max_interval": "1s"}},
-                    },
-                    "initial_metadata": [{"key": "authorization", "value": format!("Bearer {token}")}],
-                }],
-            },
-            "cds_config": {"ads": {}, "resource_api_version": "V3"},
-            "lds_config": {"ads": {}, "resource_api_version": "V3"},
-        },
-        "static_resources": {"clusters": [
-            {
-                "name": "xds-grpc",
-                "type": "STATIC",
-                "connect_timeout": "1s",
-                "typed_extension_protocol_options": h2,
-                "load_assignment": xds_load,
-                "transport_socket": {
-                    "name": "envoy.transport_sockets.tls",
-                    "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-                        "sni": "istiod.istio-system.svc",
-                        "common_tls_context": {
-                            "alpn_protocols": ["h2"],
-                            "validation_context": {"trusted_ca": {"filename": root}},
-                        },
-                    },
-                },
-            },
-            {
-                "name": "sds-grpc",
-                "type": "STATIC",
-                "connect_timeout": "1s",
-                "typed_extension_protocol_options": h2,
-                "load_assignment": sds_load,
-            },
-        ]},
-    })
 }

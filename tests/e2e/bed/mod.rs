@@ -2,8 +2,11 @@
 //! puts them together.
 
 pub mod apps;
+pub mod kube;
 pub mod mesh;
 pub mod netns;
+pub mod objects;
 pub mod process;
 pub mod tools;
+pub mod waypoint;
 pub mod zds;

@@ -139,8 +139,7 @@ pub fn sweep_stale() {
         else {
             continue;
         };
-        if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
-        {
+        if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
             remove(name);
         }
     }

@@ -102,7 +102,10 @@ pub fn wait_for<T>(
             return value;
         }
         if Instant::now() > deadline {
-            panic!("timed out after {timeout:?} waiting for {what}\n{}", context());
+            panic!(
+                "timed out after {timeout:?} waiting for {what}\n{}",
+                context()
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     }

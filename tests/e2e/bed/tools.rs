@@ -34,12 +34,17 @@ impl Tools {
         if let Some(why) = netns::missing_prerequisite() {
             return Err(why);
         }
-        let ztunnel = std::env::var_os("AMBIENTD_ZTUNNEL").map(PathBuf::from).ok_or(
-            "no ztunnel: set AMBIENTD_ZTUNNEL to a ztunnel binary (built from istio/ztunnel, \
+        let ztunnel = std::env::var_os("AMBIENTD_ZTUNNEL")
+            .map(PathBuf::from)
+            .ok_or(
+                "no ztunnel: set AMBIENTD_ZTUNNEL to a ztunnel binary (built from istio/ztunnel, \
              or copied out of the istio/ztunnel image; .ci/run unpacks one)",
-        )?;
+            )?;
         if !runs(&ztunnel, "version") {
-            return Err(format!("AMBIENTD_ZTUNNEL={} does not run", ztunnel.display()));
+            return Err(format!(
+                "AMBIENTD_ZTUNNEL={} does not run",
+                ztunnel.display()
+            ));
         }
         let envoy = match std::env::var_os("AMBIENTD_ENVOY") {
             Some(path) => PathBuf::from(path),

@@ -170,7 +170,9 @@ impl Agent {
                 panic!("ztunnel refused AddWorkload {uid}: {e}");
             }
         }
-        shared.pods.insert(uid.to_string(), Enrolled { info, netns });
+        shared
+            .pods
+            .insert(uid.to_string(), Enrolled { info, netns });
     }
 
     /// Removes a pod (as the agent does when its sandbox goes away).

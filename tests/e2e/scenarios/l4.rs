@@ -15,14 +15,23 @@ use crate::bed::mesh::{Mesh, NAMESPACE, PodSpec};
 #[test]
 fn cross_node_tcp_and_http_carry_the_callers_identity() {
     let _serial = crate::serial();
-    let Some(mut mesh) = Mesh::start(2) else {
-        return;
-    };
+    if let Some(mut mesh) = Mesh::start(2) {
+        cross_node(&mut mesh);
+    }
+}
+
+/// Scenario 1 on `mesh`.
+pub fn cross_node(mesh: &mut Mesh) {
     mesh.add_pod(PodSpec::new("a", 1));
     mesh.add_pod(PodSpec::new("b", 2));
     mesh.serve("b", Protocol::Http, 8080);
     mesh.serve("b", Protocol::Tcp, 9000);
-    let vip = mesh.add_service("b", &[("app", "b")], &[("http", 80, 8080), ("tcp", 9000, 9000)], &[]);
+    let vip = mesh.add_service(
+        "b",
+        &[("app", "b")],
+        &[("http", 80, 8080), ("tcp", 9000, 9000)],
+        &[],
+    );
     mesh.wait_ztunnels_know(&vip.to_string());
 
     let (a, b) = (mesh.pod("a"), mesh.pod("b"));
@@ -35,7 +44,11 @@ fn cross_node_tcp_and_http_carry_the_callers_identity() {
     assert_eq!(peer.ip(), a.ip, "B's app sees A's address: {response:?}");
 
     let mut session = TcpSession::open(&a.netns, (vip, 9000).into()).expect("TCP to b");
-    assert!(session.greeting.starts_with("server=b"), "{}", session.greeting);
+    assert!(
+        session.greeting.starts_with("server=b"),
+        "{}",
+        session.greeting
+    );
     assert_eq!(session.round_trip("ping").expect("echo"), "ping");
     session.close();
 
@@ -48,7 +61,10 @@ fn cross_node_tcp_and_http_carry_the_callers_identity() {
         ("connection_security_policy", "mutual_tls"),
     ];
     let opened = mesh.ztunnel_metric(2, "istio_tcp_connections_opened_total", &inbound);
-    assert!(opened >= 2, "B's ztunnel counted {opened} mTLS connections from {identity}");
+    assert!(
+        opened >= 2,
+        "B's ztunnel counted {opened} mTLS connections from {identity}"
+    );
     let log = mesh.ztunnel_log(2);
     assert!(
         log.lines().any(|l| l.contains("connection complete")
@@ -59,8 +75,10 @@ fn cross_node_tcp_and_http_carry_the_callers_identity() {
     );
     // A's ztunnel sent it over HBONE to B's pod on 15008.
     assert!(
-        mesh.ztunnel_log(1).lines().any(|l| l.contains("connection complete")
-            && l.contains(&format!("dst.addr={}:15008", b.ip))),
+        mesh.ztunnel_log(1)
+            .lines()
+            .any(|l| l.contains("connection complete")
+                && l.contains(&format!("dst.addr={}:15008", b.ip))),
         "A's ztunnel did not use HBONE to {}:15008:\n{}",
         b.ip,
         mesh.ztunnel_log_tail(1)
@@ -76,8 +94,16 @@ fn same_node_and_cross_node_both_work() {
         return;
     };
     mesh.add_pod(PodSpec::new("a", 1));
-    mesh.add_pod(PodSpec::new("near", 1).label("app", "b").service_account("b"));
-    mesh.add_pod(PodSpec::new("far", 2).label("app", "b").service_account("b"));
+    mesh.add_pod(
+        PodSpec::new("near", 1)
+            .label("app", "b")
+            .service_account("b"),
+    );
+    mesh.add_pod(
+        PodSpec::new("far", 2)
+            .label("app", "b")
+            .service_account("b"),
+    );
     for pod in ["near", "far"] {
         mesh.serve(pod, Protocol::Http, 8080);
     }
@@ -93,7 +119,10 @@ fn same_node_and_cross_node_both_work() {
         let response = apps::http(&a.netns, (ip, 8080).into(), "GET", "/", "b")
             .unwrap_or_else(|e| panic!("a -> {pod} ({ip}): {e}\n{}", mesh.ztunnel_log_tail(node)));
         assert_eq!(response.field("server"), Some(pod), "{response:?}");
-        assert_eq!(response.field("peer").and_then(|p| p.split(':').next()), Some(&*a.ip.to_string()));
+        assert_eq!(
+            response.field("peer").and_then(|p| p.split(':').next()),
+            Some(&*a.ip.to_string())
+        );
     }
     // Through the Service, both endpoints answer in time.
     let mut seen = std::collections::BTreeSet::new();
@@ -113,7 +142,10 @@ fn same_node_and_cross_node_both_work() {
                 ("connection_security_policy", "mutual_tls"),
             ],
         );
-        assert!(mtls >= 1, "node{node}'s ztunnel took no mTLS connection from a");
+        assert!(
+            mtls >= 1,
+            "node{node}'s ztunnel took no mTLS connection from a"
+        );
     }
 }
 
@@ -152,10 +184,14 @@ fn l4_deny_policy_is_enforced_and_lifted() {
         TcpSession::open(&mesh.pod("a").netns, target).is_err()
     })
     .unwrap_or_else(|| panic!("a was never refused\n{}", mesh.ztunnel_log_tail(2)));
-    eprintln!("E2 (ztunnel): policy written -> first refusal in {:?}", refused - written);
+    eprintln!(
+        "E2 (ztunnel): policy written -> first refusal in {:?}",
+        refused - written
+    );
     // Refused at B's ztunnel, by this policy; C is still let through.
     assert!(
-        mesh.ztunnel_log(2).contains(&format!("explicitly denied by: {NAMESPACE}/deny-a")),
+        mesh.ztunnel_log(2)
+            .contains(&format!("explicitly denied by: {NAMESPACE}/deny-a")),
         "B's ztunnel did not name the policy:\n{}",
         mesh.ztunnel_log_tail(2)
     );
@@ -176,8 +212,16 @@ fn l4_deny_policy_is_enforced_and_lifted() {
     let allowed = until(Duration::from_secs(30), || {
         TcpSession::open(&mesh.pod("a").netns, target).is_ok()
     })
-    .unwrap_or_else(|| panic!("a stayed refused after the policy went\n{}", mesh.ztunnel_log_tail(2)));
-    eprintln!("E2 (ztunnel): policy removed -> first success in {:?}", allowed - removed);
+    .unwrap_or_else(|| {
+        panic!(
+            "a stayed refused after the policy went\n{}",
+            mesh.ztunnel_log_tail(2)
+        )
+    });
+    eprintln!(
+        "E2 (ztunnel): policy removed -> first success in {:?}",
+        allowed - removed
+    );
 }
 
 /// Polls `check` every 10 ms; the instant it first held, or `None` after `timeout`.

@@ -29,9 +29,14 @@ fn a_new_pod_serves_and_a_deleted_pod_gets_no_traffic() {
     mesh.add_pod(PodSpec::new("b2", 1).label("app", "b").service_account("b"));
     mesh.serve("b2", Protocol::Http, 8080);
     let written = mesh.pod("b2").written;
-    let served = until(Duration::from_secs(30), || get(&mesh).is_ok_and(|s| s == "b2"))
-        .unwrap_or_else(|| panic!("b2 never answered\n{}", mesh.ztunnel_log_tail(1)));
-    eprintln!("E1: pod manifest -> first request served in {:?}", served - written);
+    let served = until(Duration::from_secs(30), || {
+        get(&mesh).is_ok_and(|s| s == "b2")
+    })
+    .unwrap_or_else(|| panic!("b2 never answered\n{}", mesh.ztunnel_log_tail(1)));
+    eprintln!(
+        "E1: pod manifest -> first request served in {:?}",
+        served - written
+    );
     let answered: BTreeSet<String> = (0..40).map(|_| get(&mesh).expect("a -> b")).collect();
     assert_eq!(answered, ["b1".to_string(), "b2".to_string()].into());
 

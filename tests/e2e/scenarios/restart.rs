@@ -27,15 +27,29 @@ fn ambientd_restart_keeps_connections_certificates_and_config() {
         mesh.ztunnel_certificates(node)
             .into_iter()
             .find(|(id, state, _)| *id == identity && state == "Available")
-            .unwrap_or_else(|| panic!("node{node}'s ztunnel holds no usable certificate for {identity}: {:?}", mesh.ztunnel_certificates(node)))
+            .unwrap_or_else(|| {
+                panic!(
+                    "node{node}'s ztunnel holds no usable certificate for {identity}: {:?}",
+                    mesh.ztunnel_certificates(node)
+                )
+            })
     };
-    let held: Vec<_> = [(1, "a"), (2, "b")].iter().map(|(n, p)| available(&mesh, *n, p)).collect();
+    let held: Vec<_> = [(1, "a"), (2, "b")]
+        .iter()
+        .map(|(n, p)| available(&mesh, *n, p))
+        .collect();
 
     // Down: the connection still carries data, and new connections still work from what the
     // ztunnels hold.
     mesh.stop_ambientd();
-    assert_eq!(long_lived.round_trip("while down").expect("echo while down"), "while down");
-    TcpSession::open(&mesh.pod("a").netns, target).expect("a new connection while ambientd is down");
+    assert_eq!(
+        long_lived
+            .round_trip("while down")
+            .expect("echo while down"),
+        "while down"
+    );
+    TcpSession::open(&mesh.pod("a").netns, target)
+        .expect("a new connection while ambientd is down");
 
     // Back: the ztunnels reconnect, ACK everything, and the mesh follows changes again.
     let restarted = Instant::now();
@@ -50,10 +64,24 @@ fn ambientd_restart_keeps_connections_certificates_and_config() {
                 >= 2
         })
     })
-    .unwrap_or_else(|| panic!("the ztunnels did not reconnect:\n{}", mesh.ztunnel_log_tail(1)));
-    eprintln!("ambientd ready -> both ztunnels reconnected in {:?}", reconnected - restarted);
-    assert_eq!(long_lived.round_trip("after").expect("echo after the restart"), "after");
-    let mut fresh = TcpSession::open(&mesh.pod("a").netns, target).expect("a -> b after the restart");
+    .unwrap_or_else(|| {
+        panic!(
+            "the ztunnels did not reconnect:\n{}",
+            mesh.ztunnel_log_tail(1)
+        )
+    });
+    eprintln!(
+        "ambientd ready -> both ztunnels reconnected in {:?}",
+        reconnected - restarted
+    );
+    assert_eq!(
+        long_lived
+            .round_trip("after")
+            .expect("echo after the restart"),
+        "after"
+    );
+    let mut fresh =
+        TcpSession::open(&mesh.pod("a").netns, target).expect("a -> b after the restart");
     assert_eq!(fresh.round_trip("new").expect("echo"), "new");
 
     // A change made after the restart reaches the ztunnels: the mesh is served, not frozen.
@@ -65,7 +93,10 @@ fn ambientd_restart_keeps_connections_certificates_and_config() {
         .lines()
         .filter(|l| l.starts_with("pilot_total_xds_rejects") && !l.ends_with(" 0"))
         .collect();
-    assert!(nacks.is_empty(), "the restarted ambientd saw NACKs: {nacks:?}");
+    assert!(
+        nacks.is_empty(),
+        "the restarted ambientd saw NACKs: {nacks:?}"
+    );
     for node in 1..=2 {
         let log = mesh.ztunnel_log(node);
         assert!(
