@@ -35,6 +35,8 @@ impl Drop for Server {
 pub enum Protocol {
     Http,
     Tcp,
+    /// Reads to the end of the stream, then answers `received=<bytes>` (for throughput).
+    Sink,
 }
 
 /// Starts a `protocol` server named `name` on `0.0.0.0:port` inside `netns`.
@@ -58,6 +60,7 @@ pub fn serve(netns: &Netns, name: &str, protocol: Protocol, port: u16) -> Server
                             match protocol {
                                 Protocol::Http => answer_http(stream, &name, peer),
                                 Protocol::Tcp => answer_tcp(stream, &name, peer),
+                                Protocol::Sink => answer_sink(stream),
                             }
                         });
                     }
@@ -139,6 +142,42 @@ fn answer_tcp(stream: TcpStream, name: &str, peer: SocketAddr) {
             }
         }
     }
+}
+
+/// Counts what arrives until the client's end of stream, then says how much.
+fn answer_sink(mut stream: TcpStream) {
+    let mut buffer = vec![0u8; 256 * 1024];
+    let mut received = 0u64;
+    loop {
+        match stream.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => received += n as u64,
+            Err(_) => return,
+        }
+    }
+    let _ = writeln!(stream, "received={received}");
+}
+
+/// Sends `bytes` to a [`Protocol::Sink`] server and waits for its count: the whole transfer
+/// has arrived when this returns.
+pub fn send_bulk(from: &Netns, to: SocketAddr, bytes: u64) -> std::io::Result<u64> {
+    let mut stream = connect(from, to)?;
+    stream.set_read_timeout(Some(Duration::from_secs(120)))?;
+    let chunk = vec![0x5au8; 256 * 1024];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(chunk.len() as u64) as usize;
+        stream.write_all(&chunk[..n])?;
+        left -= n as u64;
+    }
+    stream.shutdown(Shutdown::Write)?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    answer
+        .trim()
+        .strip_prefix("received=")
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("the sink answered {answer:?}")))
 }
 
 /// An HTTP response as the client read it.

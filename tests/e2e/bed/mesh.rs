@@ -619,6 +619,39 @@ impl Mesh {
         sum_samples(&self.ztunnel_get(node, 15020, "/metrics"), metric, labels)
     }
 
+    /// Waits (5 s at most: ztunnel writes an access log line as the connection ends, just
+    /// after the client sees it end) for a line of a ztunnel's log that contains all of
+    /// `parts`; fails the test with `what` and the log's tail.
+    pub fn expect_ztunnel_line(&self, node: usize, parts: &[&str], what: &str) {
+        wait_for(
+            what,
+            Duration::from_secs(5),
+            || {
+                self.ztunnel_log(node)
+                    .lines()
+                    .any(|l| parts.iter().all(|p| l.contains(p)))
+                    .then_some(())
+            },
+            || self.ztunnel_log_tail(node),
+        );
+    }
+
+    /// Waits (5 s at most) until a ztunnel's [`Mesh::ztunnel_metric`] is at least `min`.
+    pub fn expect_ztunnel_metric(
+        &self,
+        node: usize,
+        metric: &str,
+        labels: &[(&str, &str)],
+        min: u64,
+    ) {
+        wait_for(
+            &format!("node{node}'s ztunnel to count {min} {metric} {labels:?}"),
+            Duration::from_secs(5),
+            || (self.ztunnel_metric(node, metric, labels) >= min).then_some(()),
+            || self.ztunnel_get(node, 15020, "/metrics"),
+        );
+    }
+
     /// The certificates a ztunnel holds (its config_dump's `certificates`): identity, state
     /// (`Available` when usable) and the leaf's serial number.
     pub fn ztunnel_certificates(&self, node: usize) -> Vec<(String, String, String)> {

@@ -76,6 +76,11 @@ impl Netns {
         );
     }
 
+    /// `iptables <args>` inside the namespace.
+    pub fn iptables(&self, args: &[&str]) {
+        run(self.command("iptables").args(args));
+    }
+
     /// A command that runs `program` inside the namespace (`ip netns exec`, which execs it:
     /// the child's pid is the program's).
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {

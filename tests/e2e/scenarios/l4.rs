@@ -60,28 +60,19 @@ pub fn cross_node(mesh: &mut Mesh) {
         ("destination_principal", &b.identity()),
         ("connection_security_policy", "mutual_tls"),
     ];
-    let opened = mesh.ztunnel_metric(2, "istio_tcp_connections_opened_total", &inbound);
-    assert!(
-        opened >= 2,
-        "B's ztunnel counted {opened} mTLS connections from {identity}"
-    );
-    let log = mesh.ztunnel_log(2);
-    assert!(
-        log.lines().any(|l| l.contains("connection complete")
-            && l.contains(&format!("src.identity=\"{identity}\""))
-            && l.contains("direction=\"inbound\"")),
-        "B's ztunnel logged no inbound connection from {identity}:\n{}",
-        mesh.ztunnel_log_tail(2)
+    mesh.expect_ztunnel_metric(2, "istio_tcp_connections_opened_total", &inbound, 2);
+    let src = format!("src.identity=\"{identity}\"");
+    mesh.expect_ztunnel_line(
+        2,
+        &["connection complete", &src, "direction=\"inbound\""],
+        &format!("B's ztunnel to log an inbound connection from {identity}"),
     );
     // A's ztunnel sent it over HBONE to B's pod on 15008.
-    assert!(
-        mesh.ztunnel_log(1)
-            .lines()
-            .any(|l| l.contains("connection complete")
-                && l.contains(&format!("dst.addr={}:15008", b.ip))),
-        "A's ztunnel did not use HBONE to {}:15008:\n{}",
-        b.ip,
-        mesh.ztunnel_log_tail(1)
+    let hbone = format!("dst.addr={}:15008", b.ip);
+    mesh.expect_ztunnel_line(
+        1,
+        &["connection complete", &hbone],
+        &format!("A's ztunnel to log HBONE to {}:15008", b.ip),
     );
 }
 
@@ -133,7 +124,7 @@ fn same_node_and_cross_node_both_work() {
     }
     assert_eq!(seen, ["far".to_string(), "near".to_string()].into());
     for node in [1, 2] {
-        let mtls = mesh.ztunnel_metric(
+        mesh.expect_ztunnel_metric(
             node,
             "istio_tcp_connections_opened_total",
             &[
@@ -141,10 +132,7 @@ fn same_node_and_cross_node_both_work() {
                 ("source_principal", &a.identity()),
                 ("connection_security_policy", "mutual_tls"),
             ],
-        );
-        assert!(
-            mtls >= 1,
-            "node{node}'s ztunnel took no mTLS connection from a"
+            1,
         );
     }
 }
@@ -189,23 +177,20 @@ fn l4_deny_policy_is_enforced_and_lifted() {
         refused - written
     );
     // Refused at B's ztunnel, by this policy; C is still let through.
-    assert!(
-        mesh.ztunnel_log(2)
-            .contains(&format!("explicitly denied by: {NAMESPACE}/deny-a")),
-        "B's ztunnel did not name the policy:\n{}",
-        mesh.ztunnel_log_tail(2)
-    );
+    let named = format!("explicitly denied by: {NAMESPACE}/deny-a");
+    mesh.expect_ztunnel_line(2, &[&named], "B's ztunnel to name the policy");
     TcpSession::open(&mesh.pod("c").netns, target).expect("c -> b under deny-a");
-    let denied = mesh.ztunnel_metric(
-        2,
-        "istio_tcp_connections_opened_total",
-        &[("reporter", "destination"), ("response_flags", "DENY")],
-    ) + mesh.ztunnel_metric(
-        2,
-        "istio_tcp_connections_failed_total",
-        &[("reporter", "destination"), ("response_flags", "DENY")],
+    let deny = [("reporter", "destination"), ("response_flags", "DENY")];
+    crate::bed::process::wait_for(
+        "B's ztunnel to count a DENY",
+        Duration::from_secs(5),
+        || {
+            let opened = mesh.ztunnel_metric(2, "istio_tcp_connections_opened_total", &deny);
+            let failed = mesh.ztunnel_metric(2, "istio_tcp_connections_failed_total", &deny);
+            (opened + failed >= 1).then_some(())
+        },
+        || mesh.ztunnel_get(2, 15020, "/metrics"),
     );
-    assert!(denied >= 1, "B's ztunnel counted no DENY");
 
     let removed = Instant::now();
     mesh.remove("policy-deny-a");

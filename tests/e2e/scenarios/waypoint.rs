@@ -138,27 +138,23 @@ pub fn through_the_waypoint(mesh: &mut Mesh) {
         Some(&*mesh.pod("waypoint").ip.to_string()),
         "c's app is called by the waypoint: {first:?}"
     );
-    let from_waypoint = mesh.ztunnel_metric(
+    mesh.expect_ztunnel_metric(
         2,
         "istio_tcp_connections_opened_total",
         &[
             ("reporter", "destination"),
             ("source_principal", &waypoint_identity),
         ],
+        1,
     );
-    assert!(
-        from_waypoint >= 1,
-        "c's ztunnel saw no connection from {waypoint_identity}\n{}",
-        mesh.ztunnel_log_tail(2)
+    let (to_waypoint, authority) = (
+        format!("dst.addr={}:15008", mesh.pod("waypoint").ip),
+        format!("dst.hbone_addr={vip}:80"),
     );
-    assert!(
-        mesh.ztunnel_log(1)
-            .lines()
-            .any(|l| l.contains("connection complete")
-                && l.contains(&format!("dst.addr={}:15008", mesh.pod("waypoint").ip))
-                && l.contains(&format!("dst.hbone_addr={vip}:80"))),
-        "a's ztunnel did not send c's VIP to the waypoint over HBONE:\n{}",
-        mesh.ztunnel_log_tail(1)
+    mesh.expect_ztunnel_line(
+        1,
+        &["connection complete", &to_waypoint, &authority],
+        "a's ztunnel to log c's VIP sent to the waypoint over HBONE",
     );
 
     // The HTTPRoute splits by path.
@@ -224,11 +220,10 @@ pub fn through_the_waypoint(mesh: &mut Mesh) {
     // (That first refusal may be a connection closed as the policy arrived; this one is
     // refused at its start.)
     apps::http(&a.netns, c1, "GET", "/", "c1").expect_err("a reached c1 directly");
-    assert!(
-        mesh.ztunnel_log(2)
-            .contains("allow policies exist, but none allowed"),
-        "c's ztunnel did not refuse a by policy:\n{}",
-        mesh.ztunnel_log_tail(2)
+    mesh.expect_ztunnel_line(
+        2,
+        &["allow policies exist, but none allowed"],
+        "c's ztunnel to refuse a by policy",
     );
     let through = get("/v1/a").expect("GET through the waypoint under c-via-waypoint");
     assert_eq!((through.status, through.field("server")), (200, Some("c1")));
