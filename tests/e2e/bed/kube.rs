@@ -67,6 +67,53 @@ impl KubeTools {
 
 type Job = Box<dyn FnOnce(&tokio::runtime::Runtime, &kube::Client) + Send>;
 
+/// An object as the API server names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectRef {
+    pub api_version: String,
+    pub kind: String,
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl ObjectRef {
+    pub fn new(api_version: &str, kind: &str, namespace: Option<&str>, name: &str) -> Self {
+        ObjectRef {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            namespace: namespace.map(str::to_string),
+            name: name.into(),
+        }
+    }
+
+    /// The reference of a whole object.
+    pub fn of(object: &Value) -> Self {
+        let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+        ObjectRef {
+            api_version: text(&object["apiVersion"]),
+            kind: text(&object["kind"]),
+            namespace: object["metadata"]["namespace"].as_str().map(str::to_string),
+            name: text(&object["metadata"]["name"]),
+        }
+    }
+
+    /// The `Api` for its kind and namespace, by discovery.
+    async fn api(&self, client: &kube::Client) -> Api<DynamicObject> {
+        let (group, version) = self
+            .api_version
+            .split_once('/')
+            .unwrap_or(("", &self.api_version));
+        let gvk = GroupVersionKind::gvk(group, version, &self.kind);
+        let (resource, _): (ApiResource, _) = kube::discovery::pinned_kind(client, &gvk)
+            .await
+            .unwrap_or_else(|e| panic!("discover {} {}: {e}", self.api_version, self.kind));
+        match &self.namespace {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+            None => Api::all_with(client.clone(), &resource),
+        }
+    }
+}
+
 /// The running API server, its admin kubeconfig, and a client.
 pub struct ApiServer {
     pub kubeconfig: PathBuf,
@@ -187,12 +234,12 @@ impl ApiServer {
                 names
                     .iter()
                     .all(|name| {
-                        self.get(
+                        self.get(&ObjectRef::new(
                             "apiextensions.k8s.io/v1",
                             "CustomResourceDefinition",
                             None,
                             name,
-                        )
+                        ))
                         .is_some_and(|crd| {
                             crd["status"]["conditions"].as_array().is_some_and(|c| {
                                 c.iter()
@@ -211,19 +258,20 @@ impl ApiServer {
     pub fn apply(&self, object: &Value) -> Value {
         let mut object = object.clone();
         let status = object.as_object_mut().and_then(|o| o.remove("status"));
-        let (api_version, kind, namespace, name) = identify(&object);
+        let target = ObjectRef::of(&object);
         self.call(move |client| {
             Box::pin(async move {
-                let api = api(&client, &api_version, &kind, namespace.as_deref()).await;
+                let api = target.api(&client).await;
+                let (kind, name) = (&target.kind, &target.name);
                 let params = PatchParams::apply("ambientd-e2e").force();
                 let stored = api
-                    .patch(&name, &params, &Patch::Apply(&object))
+                    .patch(name, &params, &Patch::Apply(&object))
                     .await
                     .unwrap_or_else(|e| panic!("apply {kind} {name}: {e}"));
                 let stored = match status {
                     Some(status) if kind == "Pod" || kind == "Gateway" => api
                         .patch_status(
-                            &name,
+                            name,
                             &PatchParams::default(),
                             &Patch::Merge(json!({"status": status})),
                         )
@@ -237,45 +285,35 @@ impl ApiServer {
     }
 
     /// Deletes an object at once (grace 0: no kubelet is there to confirm a pod's end).
-    pub fn delete(&self, api_version: &str, kind: &str, namespace: Option<&str>, name: &str) {
-        let (api_version, kind, namespace, name) = (
-            api_version.to_string(),
-            kind.to_string(),
-            namespace.map(str::to_string),
-            name.to_string(),
-        );
+    pub fn delete(&self, target: &ObjectRef) {
+        let target = target.clone();
         self.call(move |client| {
             Box::pin(async move {
-                let api = api(&client, &api_version, &kind, namespace.as_deref()).await;
                 let params = DeleteParams {
                     grace_period_seconds: Some(0),
                     ..DeleteParams::default()
                 };
-                api.delete(&name, &params)
+                target
+                    .api(&client)
                     .await
-                    .unwrap_or_else(|e| panic!("delete {kind} {name}: {e}"));
+                    .delete(&target.name, &params)
+                    .await
+                    .unwrap_or_else(|e| panic!("delete {} {}: {e}", target.kind, target.name));
             })
         })
     }
 
     /// An object, if it exists.
-    pub fn get(
-        &self,
-        api_version: &str,
-        kind: &str,
-        namespace: Option<&str>,
-        name: &str,
-    ) -> Option<Value> {
-        let (api_version, kind, namespace, name) = (
-            api_version.to_string(),
-            kind.to_string(),
-            namespace.map(str::to_string),
-            name.to_string(),
-        );
+    pub fn get(&self, target: &ObjectRef) -> Option<Value> {
+        let target = target.clone();
         self.call(move |client| {
             Box::pin(async move {
-                let api = api(&client, &api_version, &kind, namespace.as_deref()).await;
-                let object = api.get_opt(&name).await.ok()??;
+                let object = target
+                    .api(&client)
+                    .await
+                    .get_opt(&target.name)
+                    .await
+                    .ok()??;
                 serde_json::to_value(object).ok()
             })
         })
@@ -316,7 +354,7 @@ impl ApiServer {
 
     /// `data[key]` of a ConfigMap, or a Secret's decoded.
     pub fn data(&self, kind: &str, namespace: &str, name: &str, key: &str) -> Option<String> {
-        let object = self.get("v1", kind, Some(namespace), name)?;
+        let object = self.get(&ObjectRef::new("v1", kind, Some(namespace), name))?;
         let value = object["data"][key].as_str()?;
         if kind == "Secret" {
             let bytes = base64::engine::general_purpose::STANDARD
@@ -327,35 +365,6 @@ impl ApiServer {
             Some(value.to_string())
         }
     }
-}
-
-/// The `Api` for a kind, by discovery.
-async fn api(
-    client: &kube::Client,
-    api_version: &str,
-    kind: &str,
-    namespace: Option<&str>,
-) -> Api<DynamicObject> {
-    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-    let gvk = GroupVersionKind::gvk(group, version, kind);
-    let (resource, _): (ApiResource, _) = kube::discovery::pinned_kind(client, &gvk)
-        .await
-        .unwrap_or_else(|e| panic!("discover {api_version} {kind}: {e}"));
-    match namespace {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
-        None => Api::all_with(client.clone(), &resource),
-    }
-}
-
-/// apiVersion, kind, namespace, name.
-fn identify(object: &Value) -> (String, String, Option<String>, String) {
-    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
-    (
-        text(&object["apiVersion"]),
-        text(&object["kind"]),
-        object["metadata"]["namespace"].as_str().map(str::to_string),
-        text(&object["metadata"]["name"]),
-    )
 }
 
 /// The client's thread: inside ctl, a current-thread runtime, one job at a time.

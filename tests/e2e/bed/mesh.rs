@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::apps::{self, Protocol, Server};
-use super::kube::{ApiServer, KubeTools};
+use super::kube::{ApiServer, KubeTools, ObjectRef};
 use super::netns::{self, Netns};
 use super::objects::{cluster_objects, pod_object, service_account};
 use super::process::{Process, wait_for};
@@ -179,9 +179,6 @@ pub enum Source {
     Kube(Box<ApiServer>),
 }
 
-/// An object as the API server names it: apiVersion, kind, namespace, name.
-type ObjectId = (String, String, Option<String>, String);
-
 /// The mesh; everything in it is removed on drop.
 pub struct Mesh {
     pub tools: Tools,
@@ -193,7 +190,7 @@ pub struct Mesh {
     pub ctl: Netns,
     pub source: Source,
     /// What each `apply` name put in the API server, for `remove`.
-    applied: std::sync::Mutex<BTreeMap<String, Vec<ObjectId>>>,
+    applied: std::sync::Mutex<BTreeMap<String, Vec<ObjectRef>>>,
     service_accounts: std::collections::BTreeSet<(String, String)>,
     ambientd: Option<Process>,
     pub nodes: Vec<Node>,
@@ -432,13 +429,7 @@ impl Mesh {
                     .iter()
                     .map(|object| {
                         api.apply(object);
-                        let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
-                        (
-                            text(&object["apiVersion"]),
-                            text(&object["kind"]),
-                            object["metadata"]["namespace"].as_str().map(str::to_string),
-                            text(&object["metadata"]["name"]),
-                        )
+                        ObjectRef::of(object)
                     })
                     .collect();
                 self.applied
@@ -456,8 +447,8 @@ impl Mesh {
                 .unwrap_or_else(|e| panic!("remove manifest {name}: {e}")),
             Source::Kube(api) => {
                 let ids = self.applied.lock().expect("applied").remove(name);
-                for (api_version, kind, namespace, object) in ids.unwrap_or_default() {
-                    api.delete(&api_version, &kind, namespace.as_deref(), &object);
+                for object in ids.unwrap_or_default() {
+                    api.delete(&object);
                 }
             }
         }
@@ -469,18 +460,7 @@ impl Mesh {
         let name = format!("node{index}");
         let netns = Netns::create(&format!("n{index}"));
         let link = format!("n{index}");
-        self.ctl.ip(&[
-            "link",
-            "add",
-            &link,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            netns.name(),
-        ]);
+        self.ctl.veth(&link, &netns);
         self.ctl
             .ip(&["addr", "add", &format!("172.30.{index}.1/24"), "dev", &link]);
         self.ctl.ip(&["link", "set", &link, "up"]);
@@ -727,18 +707,7 @@ impl Mesh {
         let ip = Ipv4Addr::new(10, 30, i, j);
         let netns = Netns::create(&spec.name);
         let link = format!("p{j}");
-        node.netns.ip(&[
-            "link",
-            "add",
-            &link,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            netns.name(),
-        ]);
+        node.netns.veth(&link, &netns);
         node.netns
             .ip(&["addr", "add", &format!("10.30.{i}.1/32"), "dev", &link]);
         node.netns.ip(&["link", "set", &link, "up"]);

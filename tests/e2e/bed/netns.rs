@@ -45,6 +45,22 @@ impl Netns {
         run(Command::new("ip").arg("-n").arg(&self.name).args(args));
     }
 
+    /// A veth pair: `link` here, `eth0` in `peer`.
+    pub fn veth(&self, link: &str, peer: &Netns) {
+        self.ip(&[
+            "link",
+            "add",
+            link,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            peer.name(),
+        ]);
+    }
+
     /// `sysctl -w key=value` inside the namespace (network sysctls are per namespace).
     pub fn sysctl(&self, key: &str, value: &str) {
         run(self

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
+use super::kube::ObjectRef;
 use super::mesh::{CONTROL_PLANE, Mesh, NAMESPACE, Pod, PodSpec, STARTUP, Source, tail};
 use super::objects::{gateway, waypoint_class_and_service};
 use super::process::{Process, wait_for};
@@ -38,13 +39,24 @@ impl Mesh {
                     &format!("ambientd's waypoint controller to create Service {name}"),
                     STARTUP,
                     || {
-                        let service = api.get("v1", "Service", Some(NAMESPACE), name)?;
+                        let service =
+                            api.get(&ObjectRef::new("v1", "Service", Some(NAMESPACE), name))?;
                         let ip = service["spec"]["clusterIP"]
                             .as_str()?
                             .parse::<Ipv4Addr>()
                             .ok()?;
-                        let deployment = api.get("apps/v1", "Deployment", Some(NAMESPACE), name)?;
-                        api.get("v1", "ServiceAccount", Some(NAMESPACE), name)?;
+                        let deployment = api.get(&ObjectRef::new(
+                            "apps/v1",
+                            "Deployment",
+                            Some(NAMESPACE),
+                            name,
+                        ))?;
+                        api.get(&ObjectRef::new(
+                            "v1",
+                            "ServiceAccount",
+                            Some(NAMESPACE),
+                            name,
+                        ))?;
                         Some((ip, deployment))
                     },
                     || self.ambientd_log_tail(),

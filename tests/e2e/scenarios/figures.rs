@@ -77,11 +77,11 @@ fn e2_policy_write_to_enforced() {
     let Some(mut mesh) = Mesh::start(2) else {
         return;
     };
-    mesh.add_pod(PodSpec::new("a", 1));
-    mesh.add_pod(PodSpec::new("b", 2));
-    mesh.serve("b", Protocol::Tcp, 9000);
-    mesh.serve("b", Protocol::Http, 8080);
-    let vip = mesh.add_service("b", &[("app", "b")], &[("tcp", 9000, 9000)], &[]);
+    let vip = super::a_and_b(
+        &mut mesh,
+        &[(Protocol::Tcp, 9000), (Protocol::Http, 8080)],
+        &[("tcp", 9000, 9000)],
+    );
     mesh.add_waypoint("waypoint", 1);
     let wvip = mesh.add_service(
         "bw",
@@ -165,21 +165,17 @@ fn e3_latency_and_throughput() {
     let Some(mut mesh) = Mesh::start(2) else {
         return;
     };
-    mesh.add_pod(PodSpec::new("a", 1));
-    mesh.add_pod(PodSpec::new("b", 2));
-    for (protocol, port) in [
-        (Protocol::Tcp, 9000),
-        (Protocol::Http, 8080),
-        (Protocol::Sink, 9100),
-    ] {
-        mesh.serve("b", protocol, port);
-    }
     let ports = [
         ("tcp-echo", 9000, 9000),
         ("http", 80, 8080),
         ("tcp-sink", 9100, 9100),
     ];
-    let mesh_vip = mesh.add_service("b", &[("app", "b")], &ports, &[]);
+    let servers = [
+        (Protocol::Tcp, 9000),
+        (Protocol::Http, 8080),
+        (Protocol::Sink, 9100),
+    ];
+    let mesh_vip = super::a_and_b(&mut mesh, &servers, &ports);
     mesh.add_waypoint("waypoint", 1);
     let waypoint_vip = mesh.add_service(
         "bw",

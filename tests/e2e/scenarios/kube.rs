@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use super::l4::cross_node;
 use super::waypoint::through_the_waypoint;
+use crate::bed::kube::ObjectRef;
 use crate::bed::mesh::{Mesh, NAMESPACE};
 use crate::bed::process::wait_for;
 
@@ -61,28 +62,33 @@ fn on_kube_waypoint_routes_enforces_l7_policy_and_is_the_only_way_in() {
             &format!("{kind} {name} to have {wanted}=True"),
             Duration::from_secs(30),
             || {
-                api.get(api_version, kind, Some(NAMESPACE), name)
+                api.get(&ObjectRef::new(api_version, kind, Some(NAMESPACE), name))
                     .filter(|object| condition(object, wanted))
             },
             || {
                 format!(
                     "{:#}",
-                    api.get(api_version, kind, Some(NAMESPACE), name)
+                    api.get(&ObjectRef::new(api_version, kind, Some(NAMESPACE), name))
                         .unwrap_or_default()["status"]
                 )
             },
         );
     }
     let gateway = api
-        .get(
+        .get(&ObjectRef::new(
             "gateway.networking.k8s.io/v1",
             "Gateway",
             Some(NAMESPACE),
             "waypoint",
-        )
+        ))
         .expect("the Gateway");
     let waypoint_ip = api
-        .get("v1", "Service", Some(NAMESPACE), "waypoint")
+        .get(&ObjectRef::new(
+            "v1",
+            "Service",
+            Some(NAMESPACE),
+            "waypoint",
+        ))
         .expect("the waypoint's Service")["spec"]["clusterIP"]
         .clone();
     assert_eq!(

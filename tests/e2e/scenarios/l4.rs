@@ -22,17 +22,11 @@ fn cross_node_tcp_and_http_carry_the_callers_identity() {
 
 /// Scenario 1 on `mesh`.
 pub fn cross_node(mesh: &mut Mesh) {
-    mesh.add_pod(PodSpec::new("a", 1));
-    mesh.add_pod(PodSpec::new("b", 2));
-    mesh.serve("b", Protocol::Http, 8080);
-    mesh.serve("b", Protocol::Tcp, 9000);
-    let vip = mesh.add_service(
-        "b",
-        &[("app", "b")],
+    let vip = super::a_and_b(
+        mesh,
+        &[(Protocol::Http, 8080), (Protocol::Tcp, 9000)],
         &[("http", 80, 8080), ("tcp", 9000, 9000)],
-        &[],
     );
-    mesh.wait_ztunnels_know(&vip.to_string());
 
     let (a, b) = (mesh.pod("a"), mesh.pod("b"));
     let response = apps::http(&a.netns, (vip, 80).into(), "GET", "/hello", "b.mesh")

@@ -14,11 +14,7 @@ fn ambientd_restart_keeps_connections_certificates_and_config() {
     let Some(mut mesh) = Mesh::start(2) else {
         return;
     };
-    mesh.add_pod(PodSpec::new("a", 1));
-    mesh.add_pod(PodSpec::new("b", 2));
-    mesh.serve("b", Protocol::Tcp, 9000);
-    let vip = mesh.add_service("b", &[("app", "b")], &[("tcp", 9000, 9000)], &[]);
-    mesh.wait_ztunnels_know(&vip.to_string());
+    let vip = super::a_and_b(&mut mesh, &[(Protocol::Tcp, 9000)], &[("tcp", 9000, 9000)]);
     let target = (vip, 9000).into();
     let mut long_lived = TcpSession::open(&mesh.pod("a").netns, target).expect("a -> b");
     assert_eq!(long_lived.round_trip("before").expect("echo"), "before");
