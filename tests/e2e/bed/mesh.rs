@@ -254,7 +254,7 @@ impl Mesh {
             pods: Vec::new(),
             next_vip: 10,
         };
-        mesh.apply("00-cluster", &cluster_objects(nodes));
+        mesh.apply("00-cluster", &cluster_objects(nodes, &[]));
         mesh.start_ambientd();
         if let Source::Kube(api) = &mesh.source {
             // The root ztunnels trust, as their chart mounts it: the ConfigMap ambientd's
@@ -360,6 +360,28 @@ impl Mesh {
         )
         .map(|r| r.body)
         .unwrap_or_default()
+    }
+
+    /// Adds `labels` to the apps' namespace (such as `istio.io/use-waypoint`).
+    pub fn label_namespace(&self, labels: &[(&str, &str)]) {
+        self.apply("00-cluster", &cluster_objects(self.nodes.len(), labels));
+    }
+
+    /// Fails the test if any proxy (ztunnel or waypoint) has NACKed what ambientd sent it
+    /// (`pilot_total_xds_rejects`, by type) since ambientd last started.
+    pub fn assert_no_nacks(&self) {
+        // The family has samples only once some type was NACKed.
+        let metrics = self.ambientd_metrics();
+        let nacks: Vec<&str> = metrics
+            .lines()
+            .filter(|l| l.starts_with("pilot_total_xds_rejects"))
+            .filter(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) != Some(0.0))
+            .collect();
+        assert!(
+            nacks.is_empty(),
+            "proxies NACKed ambientd's config: {nacks:?}\n{}",
+            self.ambientd_log_tail()
+        );
     }
 
     /// Mints a token from ambientd's CA directory (`ambientd token`).

@@ -8,15 +8,19 @@ use serde_json::{Value, json};
 
 use super::mesh::{NAMESPACE, Pod};
 
-/// Namespaces (the apps' one enrolled in ambient), Nodes, and the ServiceAccount ztunnels
-/// run as.
-pub fn cluster_objects(nodes: usize) -> Vec<Value> {
+/// Namespaces (the apps' one enrolled in ambient, with `labels` besides), Nodes, and the
+/// ServiceAccount ztunnels run as.
+pub fn cluster_objects(nodes: usize, labels: &[(&str, &str)]) -> Vec<Value> {
+    let mut namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": NAMESPACE,
+        "labels": {"kubernetes.io/metadata.name": NAMESPACE, "istio.io/dataplane-mode": "ambient"},
+    }});
+    for (key, value) in labels {
+        namespace["metadata"]["labels"][key] = json!(value);
+    }
     let mut objects = vec![
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}}),
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {
-            "name": NAMESPACE,
-            "labels": {"kubernetes.io/metadata.name": NAMESPACE, "istio.io/dataplane-mode": "ambient"},
-        }}),
+        namespace,
         service_account("istio-system", "ztunnel"),
     ];
     for i in 1..=nodes {

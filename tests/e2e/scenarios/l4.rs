@@ -68,6 +68,7 @@ pub fn cross_node(mesh: &mut Mesh) {
         &["connection complete", &hbone],
         &format!("A's ztunnel to log HBONE to {}:15008", b.ip),
     );
+    mesh.assert_no_nacks();
 }
 
 /// Scenario 6: a pod reaches a pod on its own node and one on another, by pod IP and through
@@ -129,6 +130,7 @@ fn same_node_and_cross_node_both_work() {
             1,
         );
     }
+    mesh.assert_no_nacks();
 }
 
 /// Scenario 2: a DENY AuthorizationPolicy for A's service account, enforced by B's ztunnel:
@@ -201,6 +203,7 @@ fn l4_deny_policy_is_enforced_and_lifted() {
         "E2 (ztunnel): policy removed -> first success in {:?}",
         allowed - removed
     );
+    mesh.assert_no_nacks();
 }
 
 /// Polls `check` every 10 ms; the instant it first held, or `None` after `timeout`.

@@ -46,4 +46,5 @@ fn a_new_pod_serves_and_a_deleted_pod_gets_no_traffic() {
     for _ in 0..40 {
         assert_eq!(get(&mesh).expect("a -> b after b1 went"), "b2");
     }
+    mesh.assert_no_nacks();
 }

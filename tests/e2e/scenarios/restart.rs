@@ -84,15 +84,7 @@ fn ambientd_restart_keeps_connections_certificates_and_config() {
     mesh.add_pod(PodSpec::new("c", 2));
     mesh.wait_ztunnels_know(&format!("{}\"", mesh.pod("c").ip));
 
-    let metrics = mesh.ambientd_metrics();
-    let nacks: Vec<&str> = metrics
-        .lines()
-        .filter(|l| l.starts_with("pilot_total_xds_rejects") && !l.ends_with(" 0"))
-        .collect();
-    assert!(
-        nacks.is_empty(),
-        "the restarted ambientd saw NACKs: {nacks:?}"
-    );
+    mesh.assert_no_nacks();
     for node in 1..=2 {
         let log = mesh.ztunnel_log(node);
         assert!(

@@ -227,6 +227,7 @@ pub fn through_the_waypoint(mesh: &mut Mesh) {
     );
     let through = get("/v1/a").expect("GET through the waypoint under c-via-waypoint");
     assert_eq!((through.status, through.field("server")), (200, Some("c1")));
+    mesh.assert_no_nacks();
 }
 
 /// Requests Envoy's HTTP connection managers took from ztunnels (every chain's sum).
@@ -251,4 +252,58 @@ fn envoy_sum(mesh: &Mesh, suffix: &str) -> u64 {
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
+}
+
+/// `istioctl waypoint apply --enroll-namespace`: the namespace's `istio.io/use-waypoint`
+/// binds every Service in it without a label of its own, and a Service's
+/// `istio.io/use-waypoint: none` opts it out.
+#[test]
+fn a_namespace_waypoint_binds_its_services() {
+    let _serial = crate::serial();
+    let Some(mut mesh) = Mesh::start(2) else {
+        return;
+    };
+    let http = [("http", 80, 8080)];
+    let vip = super::a_and_b(&mut mesh, &[(Protocol::Http, 8080)], &http);
+    let direct = mesh.add_service(
+        "b-direct",
+        &[("app", "b")],
+        &http,
+        &[("istio.io/use-waypoint", "none")],
+    );
+    mesh.add_waypoint("waypoint", 1);
+    let a = &mesh.pod("a").netns;
+    let via = |vip: Ipv4Addr| {
+        apps::http(a, (vip, 80).into(), "GET", "/", "b")
+            .map(|r| r.field("peer").unwrap_or_default().to_string())
+    };
+    let waypoint_ip = mesh.pod("waypoint").ip.to_string();
+    assert!(
+        via(vip)
+            .expect("a -> b")
+            .starts_with(&mesh.pod("a").ip.to_string())
+    );
+
+    mesh.label_namespace(&[("istio.io/use-waypoint", "waypoint")]);
+    until(Duration::from_secs(30), || {
+        via(vip).is_ok_and(|peer| peer.starts_with(&waypoint_ip))
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "b is not reached through the namespace's waypoint: {:?}",
+            via(vip)
+        )
+    });
+    let opted_out = via(direct).expect("a -> b-direct");
+    assert!(
+        opted_out.starts_with(&mesh.pod("a").ip.to_string()),
+        "b-direct went through the waypoint: {opted_out}"
+    );
+
+    mesh.label_namespace(&[]);
+    until(Duration::from_secs(30), || {
+        via(vip).is_ok_and(|peer| !peer.starts_with(&waypoint_ip))
+    })
+    .unwrap_or_else(|| panic!("b still goes through the waypoint after the label went"));
+    mesh.assert_no_nacks();
 }
