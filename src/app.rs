@@ -8,6 +8,7 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
+use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -370,7 +371,8 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         crate::push::server::grpc_server()
             .add_service(ads)
             .serve_with_incoming_shutdown(
-                TcpListenerStream::new(xds_listener),
+                TcpListenerStream::new(xds_listener)
+                    .map(|accepted| accepted.map(crate::push::listener::ProxyConnection::new)),
                 stop.cancelled_owned(),
             )
             .await

@@ -17,12 +17,14 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::ClientCertVerifier;
 use rustls::{CipherSuite, RootCertStore, ServerConfig};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
+
+use crate::push::listener::ProxyConnection;
 
 /// How long a client may take to finish its handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -130,7 +132,7 @@ pub fn incoming(
     listener: TcpListener,
     config: Arc<ArcSwap<ServerConfig>>,
     shutdown: CancellationToken,
-) -> ReceiverStream<std::io::Result<TlsStream<TcpStream>>> {
+) -> ReceiverStream<std::io::Result<TlsStream<ProxyConnection>>> {
     let (tx, rx) = mpsc::channel(ACCEPT_BUFFER);
     tokio::spawn(async move {
         loop {
@@ -147,7 +149,7 @@ pub fn incoming(
                     continue;
                 }
             };
-            let _ = tcp.set_nodelay(true);
+            let tcp = ProxyConnection::new(tcp);
             let acceptor = tokio_rustls::TlsAcceptor::from(config.load_full());
             let tx = tx.clone();
             tokio::spawn(async move {

@@ -59,3 +59,151 @@ pub fn listen(address: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpL
         .unwrap_or(4096);
     socket.listen(backlog)
 }
+
+/// A proxy's TCP connection (15010, 15012), with `TCP_NODELAY` and acknowledging at once what
+/// it receives.
+///
+/// A client that writes one request in two small writes with Nagle's algorithm on holds the
+/// second until the first is acknowledged, and Linux delays that ACK (up to 40 ms) on a
+/// connection that has been answering. ztunnel's CA client does just that: each CSR's HTTP/2
+/// HEADERS and DATA frames go out separately, so every certificate asked for on an existing
+/// connection (a new pod's) waited 40 ms before ambientd saw its body. The end-to-end bed
+/// measured it (docs/testing.md, BENCHMARKS.md E1: a new pod's first request 99 ms after its
+/// manifest, 61 ms without the stall). Linux clears `TCP_QUICKACK` as the connection goes on
+/// (sending soon after receiving turns delayed ACKs back on), so it is set again after every
+/// read and write: one `setsockopt` each.
+#[derive(Debug)]
+pub struct ProxyConnection {
+    inner: tokio::net::TcpStream,
+}
+
+impl ProxyConnection {
+    pub fn new(tcp: tokio::net::TcpStream) -> Self {
+        let _ = tcp.set_nodelay(true);
+        let connection = ProxyConnection { inner: tcp };
+        connection.ack_at_once();
+        connection
+    }
+
+    fn ack_at_once(&self) {
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        let _ = self.inner.set_quickack(true);
+    }
+}
+
+impl tokio::io::AsyncRead for ProxyConnection {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(polled, std::task::Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.ack_at_once();
+        }
+        polled
+    }
+}
+
+impl tokio::io::AsyncWrite for ProxyConnection {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(polled, std::task::Poll::Ready(Ok(n)) if n > 0) {
+            self.ack_at_once();
+        }
+        polled
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(polled, std::task::Poll::Ready(Ok(n)) if n > 0) {
+            self.ack_at_once();
+        }
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+impl tonic::transport::server::Connected for ProxyConnection {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::ProxyConnection;
+
+    /// A client with Nagle's algorithm on (as ztunnel's CA client) writes each request in two
+    /// small writes, the second held until the first is acknowledged. On a connection that
+    /// has been answering, Linux delays that ACK 40 ms; a `ProxyConnection` acknowledges at
+    /// once, so the answer comes in well under that.
+    #[tokio::test]
+    async fn a_request_written_in_two_pieces_is_answered_without_a_delayed_ack() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let mut connection = ProxyConnection::new(tcp);
+            let mut request = [0u8; 2];
+            while connection.read_exact(&mut request).await.is_ok() {
+                if connection.write_all(b"k").await.is_err() {
+                    return;
+                }
+            }
+        });
+        let mut client = tokio::net::TcpStream::connect(address).await.unwrap();
+        client.set_nodelay(false).unwrap();
+        let mut answer = [0u8; 1];
+        // Request and answer a few times, as a proxy does: the server side leaves the quick
+        // ACKs of a new connection and starts delaying them.
+        for _ in 0..8 {
+            client.write_all(b"ab").await.unwrap();
+            client.read_exact(&mut answer).await.unwrap();
+        }
+        let mut fastest = Duration::MAX;
+        for _ in 0..5 {
+            let started = Instant::now();
+            client.write_all(b"a").await.unwrap();
+            client.write_all(b"b").await.unwrap();
+            client.read_exact(&mut answer).await.unwrap();
+            fastest = fastest.min(started.elapsed());
+        }
+        assert!(
+            fastest < Duration::from_millis(20),
+            "the fastest of five two-piece requests took {fastest:?}: a delayed ACK held it"
+        );
+    }
+}

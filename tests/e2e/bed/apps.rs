@@ -23,11 +23,22 @@ pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 pub struct Server {
     stop: Arc<AtomicBool>,
+    port: u16,
+    /// The pod's namespace, to wake the blocked `accept` from inside it.
+    netns: std::fs::File,
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        let (file, port) = (self.netns.try_clone(), self.port);
+        if let Ok(file) = file {
+            let _ = std::thread::spawn(move || {
+                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).ok()?;
+                TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), IO_TIMEOUT).ok()
+            })
+            .join();
+        }
     }
 }
 
@@ -39,40 +50,45 @@ pub enum Protocol {
     Sink,
 }
 
-/// Starts a `protocol` server named `name` on `0.0.0.0:port` inside `netns`.
+/// Starts a `protocol` server named `name` on `0.0.0.0:port` inside `netns`. It accepts
+/// blocking (a connection is served the moment it comes) until dropped.
 pub fn serve(netns: &Netns, name: &str, protocol: Protocol, port: u16) -> Server {
     let listener = netns.run(|| TcpListener::bind(("0.0.0.0", port)));
     let listener = listener.unwrap_or_else(|e| panic!("bind {port} in {}: {e}", netns.name()));
-    listener.set_nonblocking(true).expect("nonblocking");
     let stop = Arc::new(AtomicBool::new(false));
     let name = name.to_string();
     let stopped = stop.clone();
     std::thread::Builder::new()
         .name(format!("app-{name}-{port}"))
         .spawn(move || {
-            while !stopped.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((stream, peer)) => {
-                        let name = name.clone();
-                        std::thread::spawn(move || {
-                            let _ = stream.set_nonblocking(false);
-                            let _ = stream.set_read_timeout(Some(Duration::from_secs(120)));
-                            match protocol {
-                                Protocol::Http => answer_http(stream, &name, peer),
-                                Protocol::Tcp => answer_tcp(stream, &name, peer),
-                                Protocol::Sink => answer_sink(stream),
-                            }
-                        });
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            for stream in listener.incoming() {
+                if stopped.load(Ordering::Relaxed) {
+                    return;
                 }
+                let Ok(stream) = stream else { continue };
+                let Ok(peer) = stream.peer_addr() else {
+                    continue;
+                };
+                let name = name.clone();
+                std::thread::spawn(move || {
+                    // No Nagle: a reply waiting for a delayed ACK measures 40 ms of the
+                    // kernel's, not the mesh's.
+                    let _ = stream.set_nodelay(true);
+                    let _ = stream.set_read_timeout(Some(Duration::from_secs(120)));
+                    match protocol {
+                        Protocol::Http => answer_http(stream, &name, peer),
+                        Protocol::Tcp => answer_tcp(stream, &name, peer),
+                        Protocol::Sink => answer_sink(stream),
+                    }
+                });
             }
         })
         .expect("spawn server");
-    Server { stop }
+    Server {
+        stop,
+        port,
+        netns: netns.file(),
+    }
 }
 
 /// Answers HTTP/1.1 requests on one connection until the client closes it or asks for the
@@ -201,6 +217,7 @@ impl Response {
 /// Connects from inside `from` to `to`.
 pub fn connect(from: &Netns, to: SocketAddr) -> std::io::Result<TcpStream> {
     let stream = from.run(|| TcpStream::connect_timeout(&to, IO_TIMEOUT))?;
+    stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(IO_TIMEOUT))?;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
     Ok(stream)

@@ -308,7 +308,11 @@ impl Mesh {
             .args(["--xds-tls-address", "0.0.0.0:15012"])
             .args(["--debug-address", "0.0.0.0:15014"])
             .args(["--tls-san", &CONTROL_PLANE.to_string()])
-            .args(["--log-level", "ambientd=debug,info"])
+            .args([
+                "--log-level",
+                &std::env::var("AMBIENTD_E2E_AMBIENTD_LOG")
+                    .unwrap_or_else(|_| "ambientd=debug,info".into()),
+            ])
             .env("NO_COLOR", "1");
         let mut process = Process::start("ambientd", command, &self.dir);
         wait_for(
@@ -572,7 +576,10 @@ impl Mesh {
             .env("INPOD_UDS", node.agent.path())
             .env("ISTIO_META_DNS_CAPTURE", "false")
             .env("IPV6_ENABLED", "false")
-            .env("RUST_LOG", "info");
+            .env(
+                "RUST_LOG",
+                std::env::var("AMBIENTD_E2E_ZTUNNEL_LOG").unwrap_or_else(|_| "info".into()),
+            );
         Process::start(&format!("ztunnel-{}", node.name), command, &self.dir)
     }
 
