@@ -149,6 +149,7 @@ pub fn incoming(
                     continue;
                 }
             };
+            let _ = tcp.set_nodelay(true);
             let tcp = ProxyConnection::new(tcp);
             let acceptor = tokio_rustls::TlsAcceptor::from(config.load_full());
             let tx = tx.clone();

@@ -60,8 +60,7 @@ pub fn listen(address: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpL
     socket.listen(backlog)
 }
 
-/// A proxy's TCP connection (15010, 15012), with `TCP_NODELAY` and acknowledging at once what
-/// it receives.
+/// A proxy's TCP connection (15010, 15012) that acknowledges at once what it receives.
 ///
 /// A client that writes one request in two small writes with Nagle's algorithm on holds the
 /// second until the first is acknowledged, and Linux delays that ACK (up to 40 ms) on a
@@ -79,7 +78,6 @@ pub struct ProxyConnection {
 
 impl ProxyConnection {
     pub fn new(tcp: tokio::net::TcpStream) -> Self {
-        let _ = tcp.set_nodelay(true);
         let connection = ProxyConnection { inner: tcp };
         connection.ack_at_once();
         connection
