@@ -350,3 +350,71 @@ impl TcpSession {
         let _ = self.writer.shutdown(Shutdown::Both);
     }
 }
+
+/// Asks `server` (UDP port 53) inside `from` for the A records of `name`: the addresses,
+/// or the response code when there are none (3 is NXDOMAIN). In a pod with DNS capture,
+/// any server address reaches ztunnel's DNS proxy.
+pub fn resolve(
+    from: &Netns,
+    server: std::net::Ipv4Addr,
+    name: &str,
+) -> Result<Vec<std::net::Ipv4Addr>, u8> {
+    let mut query = vec![0x4e, 0x2d, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+    for label in name.trim_end_matches('.').split('.') {
+        query.push(label.len() as u8);
+        query.extend_from_slice(label.as_bytes());
+    }
+    query.extend_from_slice(&[0, 0, 1, 0, 1]);
+    let answer = from
+        .run(|| {
+            let socket = std::net::UdpSocket::bind("0.0.0.0:0")?;
+            socket.set_read_timeout(Some(IO_TIMEOUT))?;
+            socket.send_to(&query, (server, 53))?;
+            let mut buffer = [0u8; 1500];
+            let n = socket.recv(&mut buffer)?;
+            Ok::<_, std::io::Error>(buffer[..n].to_vec())
+        })
+        .unwrap_or_else(|e| panic!("DNS query for {name} to {server}: {e}"));
+    parse_a_records(&answer).ok_or(answer.get(3).map_or(255, |flags| flags & 0x0f))
+}
+
+/// The A records of a DNS response, or `None` when it has none.
+fn parse_a_records(message: &[u8]) -> Option<Vec<std::net::Ipv4Addr>> {
+    let count = |at: usize| u16::from_be_bytes([message[at], message[at + 1]]) as usize;
+    if message.len() < 12 || message[3] & 0x0f != 0 {
+        return None;
+    }
+    let (questions, answers) = (count(4), count(6));
+    // A name: labels up to a zero, or a compression pointer (two bytes).
+    let skip_name = |mut at: usize| -> Option<usize> {
+        loop {
+            let length = *message.get(at)?;
+            if length & 0xc0 == 0xc0 {
+                return Some(at + 2);
+            }
+            if length == 0 {
+                return Some(at + 1);
+            }
+            at += 1 + length as usize;
+        }
+    };
+    let mut at = 12;
+    for _ in 0..questions {
+        at = skip_name(at)? + 4;
+    }
+    let mut found = Vec::new();
+    for _ in 0..answers {
+        at = skip_name(at)?;
+        let record = message.get(at..at + 10)?;
+        let (kind, length) = (
+            u16::from_be_bytes([record[0], record[1]]),
+            u16::from_be_bytes([record[8], record[9]]) as usize,
+        );
+        let data = message.get(at + 10..at + 10 + length)?;
+        if kind == 1 && length == 4 {
+            found.push(std::net::Ipv4Addr::new(data[0], data[1], data[2], data[3]));
+        }
+        at += 10 + length;
+    }
+    (!found.is_empty()).then_some(found)
+}

@@ -47,12 +47,24 @@ pub const STARTUP: Duration = Duration::from_secs(60);
 
 static BEDS: AtomicU32 = AtomicU32::new(0);
 
-/// istio-cni's in-pod redirection, as it installs it with DNS capture off (istio/istio
-/// `cni/pkg/iptables`, the ambient in-pod rule set): outbound TCP to ztunnel's 15001, inbound
-/// TCP but HBONE to 15006, ztunnel's own sockets (mark 0x539) left alone, and replies to what
-/// ztunnel sent in with the client's address (connmark 0x111) routed back to ztunnel by
-/// [`INPOD_ROUTES`].
-const INPOD_RULES: &str = "\
+/// istio-cni's in-pod redirection (istio/istio `cni/pkg/iptables`, the ambient in-pod rule
+/// set): outbound TCP to ztunnel's 15001, inbound TCP but HBONE to 15006, ztunnel's own
+/// sockets (mark 0x539) left alone, and replies to what ztunnel sent in with the client's
+/// address (connmark 0x111) routed back to ztunnel by [`INPOD_ROUTES`]. With `dns`, DNS
+/// (UDP and TCP to port 53) goes to ztunnel's DNS proxy on 15053, in conntrack zone 1 so its
+/// replies do not meet the NAT of the query, as with istio-cni's DNS capture on.
+fn inpod_rules(dns: bool) -> String {
+    let raw = "\
+*raw
+:ISTIO_PRERT - [0:0]
+:ISTIO_OUTPUT - [0:0]
+-A PREROUTING -j ISTIO_PRERT
+-A OUTPUT -j ISTIO_OUTPUT
+-A ISTIO_OUTPUT -p udp -m mark --mark 0x539/0xfff -m udp --dport 53 -j CT --zone 1
+-A ISTIO_PRERT -p udp -m mark ! --mark 0x539/0xfff -m udp --sport 53 -j CT --zone 1
+COMMIT
+";
+    let mangle = "\
 *mangle
 :ISTIO_PRERT - [0:0]
 :ISTIO_OUTPUT - [0:0]
@@ -61,6 +73,8 @@ const INPOD_RULES: &str = "\
 -A ISTIO_PRERT -m mark --mark 0x539/0xfff -j CONNMARK --set-xmark 0x111/0xfff
 -A ISTIO_OUTPUT -m connmark --mark 0x111/0xfff -j CONNMARK --restore-mark --nfmask 0xffffffff --ctmask 0xffffffff
 COMMIT
+";
+    let nat_start = "\
 *nat
 :ISTIO_PRERT - [0:0]
 :ISTIO_OUTPUT - [0:0]
@@ -69,13 +83,25 @@ COMMIT
 -A ISTIO_PRERT -s 169.254.7.127/32 -p tcp -m tcp -j ACCEPT
 -A ISTIO_OUTPUT -d 169.254.7.127/32 -p tcp -m tcp -j ACCEPT
 -A ISTIO_PRERT ! -d 127.0.0.1/32 -p tcp ! --dport 15008 -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15006
+";
+    let nat_dns = "\
+-A ISTIO_OUTPUT ! -o lo -p udp -m mark ! --mark 0x539/0xfff -m udp --dport 53 -j REDIRECT --to-ports 15053
+-A ISTIO_OUTPUT ! -d 127.0.0.1/32 -p tcp -m tcp --dport 53 -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15053
+";
+    let nat_end = "\
 -A ISTIO_OUTPUT -p tcp -m mark --mark 0x111/0xfff -j ACCEPT
 -A ISTIO_OUTPUT ! -d 127.0.0.1/32 -o lo -j ACCEPT
 -A ISTIO_OUTPUT ! -d 127.0.0.1/32 -p tcp -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15001
 COMMIT
 ";
+    if dns {
+        [raw, mangle, nat_start, nat_dns, nat_end].concat()
+    } else {
+        [mangle, nat_start, nat_end].concat()
+    }
+}
 
-/// istio-cni's policy routing beside [`INPOD_RULES`]: packets marked 0x111 are delivered
+/// istio-cni's policy routing beside [`inpod_rules`]: packets marked 0x111 are delivered
 /// locally (to ztunnel's transparent socket).
 const INPOD_ROUTES: [&[&str]; 2] = [
     &[
@@ -196,22 +222,29 @@ pub struct Mesh {
     pub nodes: Vec<Node>,
     pub(super) pods: Vec<Pod>,
     pub(super) next_vip: u8,
+    /// ztunnel's DNS proxy and istio-cni's DNS capture.
+    dns_capture: bool,
 }
 
 impl Mesh {
     /// A mesh of `nodes` nodes with a ztunnel each, served by ambientd from manifests; `None`
     /// (after saying why) when a tool is missing outside CI.
     pub fn start(nodes: usize) -> Option<Mesh> {
-        Mesh::start_with(nodes, None)
+        Mesh::start_with(nodes, None, false)
+    }
+
+    /// The mesh with ztunnel's DNS proxy on and istio-cni's DNS capture in every pod.
+    pub fn start_with_dns_capture(nodes: usize) -> Option<Mesh> {
+        Mesh::start_with(nodes, None, true)
     }
 
     /// The same mesh with ambientd watching a real API server, which holds its objects.
     pub fn start_on_kube(nodes: usize) -> Option<Mesh> {
         let kube = KubeTools::find()?;
-        Mesh::start_with(nodes, Some(kube))
+        Mesh::start_with(nodes, Some(kube), false)
     }
 
-    fn start_with(nodes: usize, kube: Option<KubeTools>) -> Option<Mesh> {
+    fn start_with(nodes: usize, kube: Option<KubeTools>, dns_capture: bool) -> Option<Mesh> {
         let tools = Tools::find()?;
         netns::sweep_stale();
         let base = std::env::var_os("AMBIENTD_E2E_DIR")
@@ -253,6 +286,7 @@ impl Mesh {
             nodes: Vec::new(),
             pods: Vec::new(),
             next_vip: 10,
+            dns_capture,
         };
         mesh.apply("00-cluster", &cluster_objects(nodes, &[]));
         mesh.start_ambientd();
@@ -574,7 +608,10 @@ impl Mesh {
             .env("INSTANCE_IP", format!("172.30.{}.2", node.index))
             .env("ISTIO_META_CLUSTER_ID", "Kubernetes")
             .env("INPOD_UDS", node.agent.path())
-            .env("ISTIO_META_DNS_CAPTURE", "false")
+            .env(
+                "ISTIO_META_DNS_CAPTURE",
+                if self.dns_capture { "true" } else { "false" },
+            )
             .env("IPV6_ENABLED", "false")
             .env(
                 "RUST_LOG",
@@ -755,7 +792,7 @@ impl Mesh {
         ]);
         netns.ip(&["route", "add", "default", "via", &format!("10.30.{i}.1")]);
         if redirected {
-            netns.iptables_restore(INPOD_RULES);
+            netns.iptables_restore(&inpod_rules(self.dns_capture));
             for args in INPOD_ROUTES {
                 netns.ip(args);
             }

@@ -1,5 +1,6 @@
 //! The scenarios, one module each.
 
+mod dns;
 mod figures;
 mod kube;
 mod l4;
