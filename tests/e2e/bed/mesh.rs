@@ -222,29 +222,51 @@ pub struct Mesh {
     pub nodes: Vec<Node>,
     pub(super) pods: Vec<Pod>,
     pub(super) next_vip: u8,
+    options: Options,
+}
+
+/// How the mesh runs, beside its source.
+#[derive(Clone, Copy, Debug, Default)]
+struct Options {
     /// ztunnel's DNS proxy and istio-cni's DNS capture.
     dns_capture: bool,
+    /// ambientd's `--scope-to-node`, ztunnels' `XDS_ON_DEMAND=true`.
+    on_demand: bool,
 }
 
 impl Mesh {
     /// A mesh of `nodes` nodes with a ztunnel each, served by ambientd from manifests; `None`
     /// (after saying why) when a tool is missing outside CI.
     pub fn start(nodes: usize) -> Option<Mesh> {
-        Mesh::start_with(nodes, None, false)
+        Mesh::start_with(nodes, None, Options::default())
     }
 
     /// The mesh with ztunnel's DNS proxy on and istio-cni's DNS capture in every pod.
     pub fn start_with_dns_capture(nodes: usize) -> Option<Mesh> {
-        Mesh::start_with(nodes, None, true)
+        let options = Options {
+            dns_capture: true,
+            ..Options::default()
+        };
+        Mesh::start_with(nodes, None, options)
+    }
+
+    /// The mesh with ambientd's `--scope-to-node` and ztunnels' `XDS_ON_DEMAND=true`: each
+    /// ztunnel holds its node's workloads and asks for the rest as it needs them.
+    pub fn start_on_demand(nodes: usize) -> Option<Mesh> {
+        let options = Options {
+            on_demand: true,
+            ..Options::default()
+        };
+        Mesh::start_with(nodes, None, options)
     }
 
     /// The same mesh with ambientd watching a real API server, which holds its objects.
     pub fn start_on_kube(nodes: usize) -> Option<Mesh> {
         let kube = KubeTools::find()?;
-        Mesh::start_with(nodes, Some(kube), false)
+        Mesh::start_with(nodes, Some(kube), Options::default())
     }
 
-    fn start_with(nodes: usize, kube: Option<KubeTools>, dns_capture: bool) -> Option<Mesh> {
+    fn start_with(nodes: usize, kube: Option<KubeTools>, options: Options) -> Option<Mesh> {
         let tools = Tools::find()?;
         netns::sweep_stale();
         let base = std::env::var_os("AMBIENTD_E2E_DIR")
@@ -286,7 +308,7 @@ impl Mesh {
             nodes: Vec::new(),
             pods: Vec::new(),
             next_vip: 10,
-            dns_capture,
+            options,
         };
         mesh.apply("00-cluster", &cluster_objects(nodes, &[]));
         mesh.start_ambientd();
@@ -348,6 +370,9 @@ impl Mesh {
                     .unwrap_or_else(|_| "ambientd=debug,info".into()),
             ])
             .env("NO_COLOR", "1");
+        if self.options.on_demand {
+            command.arg("--scope-to-node");
+        }
         let mut process = Process::start("ambientd", command, &self.dir);
         wait_for(
             "ambientd's /ready",
@@ -609,8 +634,20 @@ impl Mesh {
             .env("ISTIO_META_CLUSTER_ID", "Kubernetes")
             .env("INPOD_UDS", node.agent.path())
             .env(
+                "XDS_ON_DEMAND",
+                if self.options.on_demand {
+                    "true"
+                } else {
+                    "false"
+                },
+            )
+            .env(
                 "ISTIO_META_DNS_CAPTURE",
-                if self.dns_capture { "true" } else { "false" },
+                if self.options.dns_capture {
+                    "true"
+                } else {
+                    "false"
+                },
             )
             .env("IPV6_ENABLED", "false")
             .env(
@@ -792,7 +829,7 @@ impl Mesh {
         ]);
         netns.ip(&["route", "add", "default", "via", &format!("10.30.{i}.1")]);
         if redirected {
-            netns.iptables_restore(&inpod_rules(self.dns_capture));
+            netns.iptables_restore(&inpod_rules(self.options.dns_capture));
             for args in INPOD_ROUTES {
                 netns.ip(args);
             }

@@ -5,6 +5,7 @@ mod figures;
 mod kube;
 mod l4;
 mod lifecycle;
+mod on_demand;
 mod restart;
 mod waypoint;
 
