@@ -780,6 +780,16 @@ impl Mesh {
         self.pods.last().expect("pod")
     }
 
+    /// Adds a pod outside the mesh: no redirection, not enrolled with its ztunnel (as a pod
+    /// in the namespace that istio-cni has not captured yet, without
+    /// `ambient.istio.io/redirection`).
+    pub fn add_pod_outside_mesh(&mut self, spec: PodSpec) -> &Pod {
+        let mut pod = self.make_pod(&spec, false);
+        self.publish_pod(&mut pod, false);
+        self.pods.push(pod);
+        self.pods.last().expect("pod")
+    }
+
     /// Publishes a pod made by `make_pod`: created (a cluster gives its uid), enrolled with
     /// its ztunnel when `redirected`, then reported Running.
     pub(super) fn publish_pod(&mut self, pod: &mut Pod, redirected: bool) {

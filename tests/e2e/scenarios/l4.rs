@@ -217,3 +217,52 @@ pub fn until(timeout: Duration, mut check: impl FnMut() -> bool) -> Option<Insta
     }
     None
 }
+
+/// PeerAuthentication at ztunnel: a pod outside the mesh reaches B in plaintext under the
+/// default (PERMISSIVE); a namespace-wide STRICT refuses it while A's mTLS goes on; removing
+/// it lets the plaintext caller in again.
+#[test]
+fn strict_peer_authentication_refuses_plaintext_callers() {
+    let _serial = crate::serial();
+    let Some(mut mesh) = Mesh::start(2) else {
+        return;
+    };
+    let vip = super::a_and_b(&mut mesh, &[(Protocol::Http, 8080)], &[("http", 80, 8080)]);
+    mesh.add_pod_outside_mesh(PodSpec::new("legacy", 1));
+    let b: SocketAddr = (mesh.pod("b").ip, 8080).into();
+    let plaintext = |mesh: &Mesh| apps::http(&mesh.pod("legacy").netns, b, "GET", "/", "b");
+    let response = plaintext(&mesh).expect("legacy -> b in plaintext under PERMISSIVE");
+    assert_eq!(
+        response.field("peer").and_then(|p| p.split(':').next()),
+        Some(&*mesh.pod("legacy").ip.to_string())
+    );
+
+    mesh.apply(
+        "peerauthentication-strict",
+        &[json!({
+            "apiVersion": "security.istio.io/v1",
+            "kind": "PeerAuthentication",
+            "metadata": {"name": "default", "namespace": NAMESPACE},
+            "spec": {"mtls": {"mode": "STRICT"}},
+        })],
+    );
+    until(Duration::from_secs(30), || plaintext(&mesh).is_err()).unwrap_or_else(|| {
+        panic!(
+            "plaintext still reaches b under STRICT\n{}",
+            mesh.ztunnel_log_tail(2)
+        )
+    });
+    plaintext(&mesh).expect_err("plaintext reached b under STRICT");
+    let a = &mesh.pod("a").netns;
+    let over_mtls = apps::http(a, (vip, 80).into(), "GET", "/", "b").expect("a -> b under STRICT");
+    assert_eq!(over_mtls.field("server"), Some("b"));
+
+    mesh.remove("peerauthentication-strict");
+    until(Duration::from_secs(30), || plaintext(&mesh).is_ok()).unwrap_or_else(|| {
+        panic!(
+            "plaintext stays refused after STRICT went\n{}",
+            mesh.ztunnel_log_tail(2)
+        )
+    });
+    mesh.assert_no_nacks();
+}
