@@ -23,7 +23,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -35,7 +35,7 @@ use super::netns::{self, Netns};
 use super::objects::{cluster_objects, pod_object, service_account};
 use super::process::{Process, wait_for};
 use super::tools::Tools;
-use super::zds::{Agent, WorkloadInfo};
+use super::zds::Agent;
 
 /// ambientd's address, on ctl's loopback (a SAN of its 15012 certificate).
 pub const CONTROL_PLANE: Ipv4Addr = Ipv4Addr::new(172, 30, 255, 1);
@@ -47,85 +47,6 @@ pub const STARTUP: Duration = Duration::from_secs(60);
 
 static BEDS: AtomicU32 = AtomicU32::new(0);
 
-/// istio-cni's in-pod redirection (istio/istio `cni/pkg/iptables`, the ambient in-pod rule
-/// set): outbound TCP to ztunnel's 15001, inbound TCP but HBONE to 15006, ztunnel's own
-/// sockets (mark 0x539) left alone, and replies to what ztunnel sent in with the client's
-/// address (connmark 0x111) routed back to ztunnel by [`INPOD_ROUTES`]. With `dns`, DNS
-/// (UDP and TCP to port 53) goes to ztunnel's DNS proxy on 15053, in conntrack zone 1 so its
-/// replies do not meet the NAT of the query, as with istio-cni's DNS capture on.
-fn inpod_rules(dns: bool) -> String {
-    let raw = "\
-*raw
-:ISTIO_PRERT - [0:0]
-:ISTIO_OUTPUT - [0:0]
--A PREROUTING -j ISTIO_PRERT
--A OUTPUT -j ISTIO_OUTPUT
--A ISTIO_OUTPUT -p udp -m mark --mark 0x539/0xfff -m udp --dport 53 -j CT --zone 1
--A ISTIO_PRERT -p udp -m mark ! --mark 0x539/0xfff -m udp --sport 53 -j CT --zone 1
-COMMIT
-";
-    let mangle = "\
-*mangle
-:ISTIO_PRERT - [0:0]
-:ISTIO_OUTPUT - [0:0]
--A PREROUTING -j ISTIO_PRERT
--A OUTPUT -j ISTIO_OUTPUT
--A ISTIO_PRERT -m mark --mark 0x539/0xfff -j CONNMARK --set-xmark 0x111/0xfff
--A ISTIO_OUTPUT -m connmark --mark 0x111/0xfff -j CONNMARK --restore-mark --nfmask 0xffffffff --ctmask 0xffffffff
-COMMIT
-";
-    let nat_start = "\
-*nat
-:ISTIO_PRERT - [0:0]
-:ISTIO_OUTPUT - [0:0]
--A OUTPUT -j ISTIO_OUTPUT
--A PREROUTING -j ISTIO_PRERT
--A ISTIO_PRERT -s 169.254.7.127/32 -p tcp -m tcp -j ACCEPT
--A ISTIO_OUTPUT -d 169.254.7.127/32 -p tcp -m tcp -j ACCEPT
--A ISTIO_PRERT ! -d 127.0.0.1/32 -p tcp ! --dport 15008 -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15006
-";
-    let nat_dns = "\
--A ISTIO_OUTPUT ! -o lo -p udp -m mark ! --mark 0x539/0xfff -m udp --dport 53 -j REDIRECT --to-ports 15053
--A ISTIO_OUTPUT ! -d 127.0.0.1/32 -p tcp -m tcp --dport 53 -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15053
-";
-    let nat_end = "\
--A ISTIO_OUTPUT -p tcp -m mark --mark 0x111/0xfff -j ACCEPT
--A ISTIO_OUTPUT ! -d 127.0.0.1/32 -o lo -j ACCEPT
--A ISTIO_OUTPUT ! -d 127.0.0.1/32 -p tcp -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15001
-COMMIT
-";
-    if dns {
-        [raw, mangle, nat_start, nat_dns, nat_end].concat()
-    } else {
-        [mangle, nat_start, nat_end].concat()
-    }
-}
-
-/// istio-cni's policy routing beside [`inpod_rules`]: packets marked 0x111 are delivered
-/// locally (to ztunnel's transparent socket).
-const INPOD_ROUTES: [&[&str]; 2] = [
-    &[
-        "rule",
-        "add",
-        "fwmark",
-        "0x111/0xfff",
-        "pref",
-        "32764",
-        "lookup",
-        "100",
-    ],
-    &[
-        "route",
-        "add",
-        "local",
-        "0.0.0.0/0",
-        "dev",
-        "lo",
-        "table",
-        "100",
-    ],
-];
-
 /// A node: its namespace, its ztunnel and its CNI agent.
 pub struct Node {
     pub name: String,
@@ -133,8 +54,8 @@ pub struct Node {
     pub index: u8,
     pub netns: Netns,
     pub agent: Agent,
-    ztunnel: Option<Process>,
-    next_pod: u8,
+    pub(super) ztunnel: Option<Process>,
+    pub(super) next_pod: u8,
 }
 
 /// A pod: its namespace (with or without redirection) and who it is.
@@ -147,7 +68,7 @@ pub struct Pod {
     pub node: String,
     pub labels: BTreeMap<String, String>,
     pub netns: Netns,
-    servers: Vec<Server>,
+    pub(super) servers: Vec<Server>,
     /// The waypoint's Envoy and `ambientd sds`, for a waypoint pod.
     pub(super) processes: Vec<Process>,
     /// Envoy's admin address inside the pod, for a waypoint pod.
@@ -222,16 +143,16 @@ pub struct Mesh {
     pub nodes: Vec<Node>,
     pub(super) pods: Vec<Pod>,
     pub(super) next_vip: u8,
-    options: Options,
+    pub(super) options: Options,
 }
 
 /// How the mesh runs, beside its source.
 #[derive(Clone, Copy, Debug, Default)]
-struct Options {
+pub(super) struct Options {
     /// ztunnel's DNS proxy and istio-cni's DNS capture.
-    dns_capture: bool,
+    pub(super) dns_capture: bool,
     /// ambientd's `--scope-to-node`, ztunnels' `XDS_ON_DEMAND=true`.
-    on_demand: bool,
+    pub(super) on_demand: bool,
 }
 
 impl Mesh {
@@ -430,23 +351,6 @@ impl Mesh {
         self.apply("00-cluster", &cluster_objects(self.nodes.len(), labels));
     }
 
-    /// Fails the test if any proxy (ztunnel or waypoint) has NACKed what ambientd sent it
-    /// (`pilot_total_xds_rejects`, by type) since ambientd last started.
-    pub fn assert_no_nacks(&self) {
-        // The family has samples only once some type was NACKed.
-        let metrics = self.ambientd_metrics();
-        let nacks: Vec<&str> = metrics
-            .lines()
-            .filter(|l| l.starts_with("pilot_total_xds_rejects"))
-            .filter(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) != Some(0.0))
-            .collect();
-        assert!(
-            nacks.is_empty(),
-            "proxies NACKed ambientd's config: {nacks:?}\n{}",
-            self.ambientd_log_tail()
-        );
-    }
-
     /// Mints a token from ambientd's CA directory (`ambientd token`).
     pub(super) fn local_token(&self, file: &str, args: &[&str]) -> PathBuf {
         let path = self.dir.join(file);
@@ -539,234 +443,6 @@ impl Mesh {
         }
     }
 
-    // ---- nodes ----
-
-    fn add_node(&mut self, index: u8) {
-        let name = format!("node{index}");
-        let netns = Netns::create(&format!("n{index}"));
-        let link = format!("n{index}");
-        self.ctl.veth(&link, &netns);
-        self.ctl
-            .ip(&["addr", "add", &format!("172.30.{index}.1/24"), "dev", &link]);
-        self.ctl.ip(&["link", "set", &link, "up"]);
-        self.ctl.ip(&[
-            "route",
-            "add",
-            &format!("10.30.{index}.0/24"),
-            "via",
-            &format!("172.30.{index}.2"),
-        ]);
-        netns.ip(&[
-            "addr",
-            "add",
-            &format!("172.30.{index}.2/24"),
-            "dev",
-            "eth0",
-        ]);
-        netns.ip(&["link", "set", "eth0", "up"]);
-        netns.ip(&[
-            "route",
-            "add",
-            "default",
-            "via",
-            &format!("172.30.{index}.1"),
-        ]);
-        netns.sysctl("net.ipv4.ip_forward", "1");
-        for netns in [&netns, &self.ctl] {
-            netns.sysctl("net.ipv4.conf.all.rp_filter", "0");
-            netns.sysctl("net.ipv4.conf.default.rp_filter", "0");
-        }
-        let agent = Agent::listen(&self.dir.join(format!("{name}.zds.sock")));
-        let mut node = Node {
-            name,
-            index,
-            netns,
-            agent,
-            ztunnel: None,
-            next_pod: 10,
-        };
-        node.ztunnel = Some(self.start_ztunnel(&node));
-        self.nodes.push(node);
-    }
-
-    /// A real ztunnel for `node`, as its DaemonSet runs it: in-pod mode on the agent's
-    /// socket, xDS and certificates from ambientd's 15012 with a node-bound token.
-    fn start_ztunnel(&mut self, node: &Node) -> Process {
-        // ztunnel's own pod, for its token's binding (on a cluster, ambientd finds the node a
-        // ztunnel may ask certificates for from the pod its token is bound to).
-        let mut pod = Pod {
-            name: format!("ztunnel-{}", node.name),
-            namespace: "istio-system".into(),
-            service_account: "ztunnel".into(),
-            uid: format!("00000000-e2e0-4000-8000-0000000000{:02x}", node.index),
-            ip: Ipv4Addr::new(172, 30, node.index, 2),
-            node: node.name.clone(),
-            labels: [("app".to_string(), "ztunnel".to_string())].into(),
-            netns: Netns::create(&format!("z{}", node.index)),
-            servers: Vec::new(),
-            processes: Vec::new(),
-            envoy_admin: None,
-            written: Instant::now(),
-        };
-        self.publish_pod(&mut pod, false);
-        let token = self.pod_token(&format!("{}.token", node.name), &pod);
-        let root = self.root_cert.clone();
-        let endpoint = format!("https://{CONTROL_PLANE}:15012");
-        // ztunnel reads ./etc/istio/config/mesh and ./var/run/secrets relative to where it
-        // runs: a directory of its own keeps it from finding anything by accident.
-        let cwd = self.dir.join(format!("ztunnel-{}", node.name));
-        std::fs::create_dir_all(&cwd).expect("ztunnel dir");
-        let mut command = node.netns.command(&self.tools.ztunnel);
-        command
-            .current_dir(&cwd)
-            .args(["proxy", "ztunnel"])
-            .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .env("XDS_ADDRESS", &endpoint)
-            .env("CA_ADDRESS", &endpoint)
-            .env("XDS_ROOT_CA", &root)
-            .env("CA_ROOT_CA", &root)
-            .env("AUTH_TOKEN", &token)
-            .env("NODE_NAME", &node.name)
-            .env("POD_NAME", format!("ztunnel-{}", node.name))
-            .env("POD_NAMESPACE", "istio-system")
-            .env("INSTANCE_IP", format!("172.30.{}.2", node.index))
-            .env("ISTIO_META_CLUSTER_ID", "Kubernetes")
-            .env("INPOD_UDS", node.agent.path())
-            .env(
-                "XDS_ON_DEMAND",
-                if self.options.on_demand {
-                    "true"
-                } else {
-                    "false"
-                },
-            )
-            .env(
-                "ISTIO_META_DNS_CAPTURE",
-                if self.options.dns_capture {
-                    "true"
-                } else {
-                    "false"
-                },
-            )
-            .env("IPV6_ENABLED", "false")
-            .env(
-                "RUST_LOG",
-                std::env::var("AMBIENTD_E2E_ZTUNNEL_LOG").unwrap_or_else(|_| "info".into()),
-            );
-        Process::start(&format!("ztunnel-{}", node.name), command, &self.dir)
-    }
-
-    fn wait_ztunnel_ready(&mut self, index: usize) {
-        let node = &mut self.nodes[index];
-        wait_for(
-            &format!("{}'s ztunnel ready", node.name),
-            STARTUP,
-            || {
-                node.ztunnel.as_mut().expect("ztunnel").assert_running();
-                apps::http(
-                    &node.netns,
-                    ([127, 0, 0, 1], 15021).into(),
-                    "GET",
-                    "/healthz/ready",
-                    "ztunnel",
-                )
-                .ok()
-                .filter(|r| r.status == 200)
-            },
-            String::new,
-        );
-    }
-
-    /// Node `index` (1-based).
-    pub fn node(&self, index: usize) -> &Node {
-        &self.nodes[index - 1]
-    }
-
-    /// A ztunnel's admin, stats or readiness endpoint (`port` 15000, 15020 or 15021).
-    pub fn ztunnel_get(&self, node: usize, port: u16, path: &str) -> String {
-        apps::http(
-            &self.node(node).netns,
-            ([127, 0, 0, 1], port).into(),
-            "GET",
-            path,
-            "ztunnel",
-        )
-        .map(|r| r.body)
-        .unwrap_or_default()
-    }
-
-    /// The sum of a ztunnel's Prometheus samples of `metric` whose labels include all of
-    /// `labels` (`key="value"` as the exposition writes them).
-    pub fn ztunnel_metric(&self, node: usize, metric: &str, labels: &[(&str, &str)]) -> u64 {
-        sum_samples(&self.ztunnel_get(node, 15020, "/metrics"), metric, labels)
-    }
-
-    /// Waits (5 s at most: ztunnel writes an access log line as the connection ends, just
-    /// after the client sees it end) for a line of a ztunnel's log that contains all of
-    /// `parts`; fails the test with `what` and the log's tail.
-    pub fn expect_ztunnel_line(&self, node: usize, parts: &[&str], what: &str) {
-        wait_for(
-            what,
-            Duration::from_secs(5),
-            || {
-                self.ztunnel_log(node)
-                    .lines()
-                    .any(|l| parts.iter().all(|p| l.contains(p)))
-                    .then_some(())
-            },
-            || self.ztunnel_log_tail(node),
-        );
-    }
-
-    /// Waits (5 s at most) until a ztunnel's [`Mesh::ztunnel_metric`] is at least `min`.
-    pub fn expect_ztunnel_metric(
-        &self,
-        node: usize,
-        metric: &str,
-        labels: &[(&str, &str)],
-        min: u64,
-    ) {
-        wait_for(
-            &format!("node{node}'s ztunnel to count {min} {metric} {labels:?}"),
-            Duration::from_secs(5),
-            || (self.ztunnel_metric(node, metric, labels) >= min).then_some(()),
-            || self.ztunnel_get(node, 15020, "/metrics"),
-        );
-    }
-
-    /// The certificates a ztunnel holds (its config_dump's `certificates`): identity, state
-    /// (`Available` when usable) and the leaf's serial number.
-    pub fn ztunnel_certificates(&self, node: usize) -> Vec<(String, String, String)> {
-        let dump: Value = serde_json::from_str(&self.ztunnel_get(node, 15000, "/config_dump"))
-            .unwrap_or_default();
-        let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
-        dump["certificates"]
-            .as_array()
-            .map(|certs| {
-                certs
-                    .iter()
-                    .map(|c| {
-                        (
-                            text(&c["identity"]),
-                            text(&c["state"]),
-                            text(&c["certChain"][0]["serialNumber"]),
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    /// A ztunnel's log so far.
-    pub fn ztunnel_log(&self, node: usize) -> String {
-        self.node(node)
-            .ztunnel
-            .as_ref()
-            .map(Process::log)
-            .unwrap_or_default()
-    }
-
     // ---- pods ----
 
     /// Adds a pod in the mesh in the order a cluster does it: its object bound to its node
@@ -811,70 +487,6 @@ impl Mesh {
         }
         pod.written = Instant::now();
         self.apply(&file, &[pod_object(pod, redirected, &[], true)]);
-    }
-
-    pub(super) fn make_pod(&mut self, spec: &PodSpec, redirected: bool) -> Pod {
-        let node = &mut self.nodes[spec.node - 1];
-        let (i, j) = (node.index, node.next_pod);
-        node.next_pod += 1;
-        let ip = Ipv4Addr::new(10, 30, i, j);
-        let netns = Netns::create(&spec.name);
-        let link = format!("p{j}");
-        node.netns.veth(&link, &netns);
-        node.netns
-            .ip(&["addr", "add", &format!("10.30.{i}.1/32"), "dev", &link]);
-        node.netns.ip(&["link", "set", &link, "up"]);
-        node.netns
-            .ip(&["route", "add", &format!("{ip}/32"), "dev", &link]);
-        netns.ip(&["addr", "add", &format!("{ip}/32"), "dev", "eth0"]);
-        netns.ip(&["link", "set", "eth0", "up"]);
-        netns.ip(&[
-            "route",
-            "add",
-            &format!("10.30.{i}.1"),
-            "dev",
-            "eth0",
-            "scope",
-            "link",
-        ]);
-        netns.ip(&["route", "add", "default", "via", &format!("10.30.{i}.1")]);
-        if redirected {
-            netns.iptables_restore(&inpod_rules(self.options.dns_capture));
-            for args in INPOD_ROUTES {
-                netns.ip(args);
-            }
-        }
-        Pod {
-            name: spec.name.clone(),
-            namespace: NAMESPACE.into(),
-            service_account: spec.service_account.clone(),
-            uid: format!("00000000-e2e0-4000-8000-{:012x}", u32::from(ip)),
-            ip,
-            node: node.name.clone(),
-            labels: spec.labels.clone(),
-            netns,
-            servers: Vec::new(),
-            processes: Vec::new(),
-            envoy_admin: None,
-            written: Instant::now(),
-        }
-    }
-
-    fn enroll(&self, pod: &Pod) {
-        let node = self
-            .nodes
-            .iter()
-            .find(|n| n.name == pod.node)
-            .expect("node");
-        node.agent.add(
-            &pod.uid,
-            WorkloadInfo {
-                name: pod.name.clone(),
-                namespace: pod.namespace.clone(),
-                service_account: pod.service_account.clone(),
-            },
-            pod.netns.file(),
-        );
     }
 
     /// Deletes a pod as a cluster does: its object goes (the Service's endpoints with it),
@@ -957,98 +569,6 @@ impl Mesh {
             })],
         );
         vip
-    }
-
-    /// Waits until every ztunnel's config_dump lists `what` (an IP or a name), and returns
-    /// how long that took.
-    pub fn wait_ztunnels_know(&self, what: &str) -> Duration {
-        let started = Instant::now();
-        for node in 1..=self.nodes.len() {
-            wait_for(
-                &format!("node{node}'s ztunnel to know {what}"),
-                STARTUP,
-                || {
-                    self.ztunnel_get(node, 15000, "/config_dump")
-                        .contains(what)
-                        .then_some(())
-                },
-                || self.ztunnel_log_tail(node),
-            );
-        }
-        started.elapsed()
-    }
-
-    /// Waits until no ztunnel's config_dump contains `what`; how long that took.
-    pub fn wait_ztunnels_forget(&self, what: &str) -> Duration {
-        let started = Instant::now();
-        for node in 1..=self.nodes.len() {
-            wait_for(
-                &format!("node{node}'s ztunnel to forget {what}"),
-                STARTUP,
-                || (!self.ztunnel_get(node, 15000, "/config_dump").contains(what)).then_some(()),
-                || self.ztunnel_log_tail(node),
-            );
-        }
-        started.elapsed()
-    }
-
-    pub fn ztunnel_log_tail(&self, node: usize) -> String {
-        let log = self.ztunnel_log(node);
-        let lines: Vec<&str> = log.lines().collect();
-        format!(
-            "--- ztunnel-node{node}:\n{}",
-            lines[lines.len().saturating_sub(30)..].join("\n")
-        )
-    }
-}
-
-/// The sum of the samples of `metric` in Prometheus text whose labels include all of
-/// `labels`.
-pub fn sum_samples(text: &str, metric: &str, labels: &[(&str, &str)]) -> u64 {
-    text.lines()
-        .filter(|line| {
-            line.strip_prefix(metric)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .filter(|line| {
-            labels
-                .iter()
-                .all(|(k, v)| line.contains(&format!("{k}=\"{v}\"")))
-        })
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
-}
-
-/// The last `lines` lines of a log file.
-pub fn tail(path: &Path, lines: usize) -> String {
-    let log = std::fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = log.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-impl Mesh {
-    /// Writes what each proxy holds into the bed's directory, for reading a failure:
-    /// `ztunnel-<node>.config_dump.json`, `envoy-<waypoint>.config_dump.json` and `.stats`.
-    fn save_state(&self) {
-        for node in 1..=self.nodes.len() {
-            let dump = self.ztunnel_get(node, 15000, "/config_dump");
-            let _ = std::fs::write(
-                self.dir
-                    .join(format!("ztunnel-node{node}.config_dump.json")),
-                dump,
-            );
-        }
-        for pod in self.pods.iter().filter(|p| p.envoy_admin.is_some()) {
-            for (path, suffix) in [
-                ("/config_dump?include_eds", "config_dump.json"),
-                ("/stats", "stats"),
-            ] {
-                let _ = std::fs::write(
-                    self.dir.join(format!("envoy-{}.{suffix}", pod.name)),
-                    super::waypoint::envoy_admin_get(pod, path),
-                );
-            }
-        }
     }
 }
 

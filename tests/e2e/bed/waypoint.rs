@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use super::kube::ObjectRef;
-use super::mesh::{CONTROL_PLANE, Mesh, NAMESPACE, Pod, PodSpec, STARTUP, Source, tail};
+use super::mesh::{CONTROL_PLANE, Mesh, NAMESPACE, Pod, PodSpec, STARTUP, Source};
 use super::objects::{gateway, waypoint_class_and_service};
+use super::observe::tail;
 use super::process::{Process, wait_for};
 
 impl Mesh {
