@@ -321,6 +321,11 @@ impl Mesh {
         }
     }
 
+    /// Kills ambientd (SIGKILL): its streams break without a status, as in a crash.
+    pub fn kill_ambientd(&mut self) {
+        drop(self.ambientd.take());
+    }
+
     pub fn ambientd_log(&self) -> String {
         self.ambientd.as_ref().map(Process::log).unwrap_or_else(|| {
             std::fs::read_to_string(self.dir.join("ambientd.log")).unwrap_or_default()

@@ -1,4 +1,5 @@
-//! Scenario 5: ambientd restarts under a running mesh. A long-lived connection survives,
+//! Scenario 5: ambientd restarts under a running mesh, stopped (SIGTERM: it ends the streams
+//! with a status) or killed (SIGKILL: they just break). A long-lived connection survives,
 //! the data plane keeps serving while the control plane is away, the ztunnels reconnect and
 //! take the new replica's state without a NACK, and no ztunnel loses its certificates.
 
@@ -11,10 +12,22 @@ use crate::bed::mesh::{Mesh, PodSpec};
 #[test]
 fn ambientd_restart_keeps_connections_certificates_and_config() {
     let _serial = crate::serial();
-    let Some(mut mesh) = Mesh::start(2) else {
-        return;
-    };
-    let vip = super::a_and_b(&mut mesh, &[(Protocol::Tcp, 9000)], &[("tcp", 9000, 9000)]);
+    if let Some(mut mesh) = Mesh::start(2) {
+        restart(&mut mesh, Mesh::stop_ambientd);
+    }
+}
+
+#[test]
+fn ambientd_killed_keeps_connections_certificates_and_config() {
+    let _serial = crate::serial();
+    if let Some(mut mesh) = Mesh::start(2) {
+        restart(&mut mesh, Mesh::kill_ambientd);
+    }
+}
+
+/// Scenario 5 with ambientd taken down by `down`.
+fn restart(mesh: &mut Mesh, down: fn(&mut Mesh)) {
+    let vip = super::a_and_b(mesh, &[(Protocol::Tcp, 9000)], &[("tcp", 9000, 9000)]);
     let target = (vip, 9000).into();
     let mut long_lived = TcpSession::open(&mesh.pod("a").netns, target).expect("a -> b");
     assert_eq!(long_lived.round_trip("before").expect("echo"), "before");
@@ -32,12 +45,12 @@ fn ambientd_restart_keeps_connections_certificates_and_config() {
     };
     let held: Vec<_> = [(1, "a"), (2, "b")]
         .iter()
-        .map(|(n, p)| available(&mesh, *n, p))
+        .map(|(n, p)| available(mesh, *n, p))
         .collect();
 
     // Down: the connection still carries data, and new connections still work from what the
     // ztunnels hold.
-    mesh.stop_ambientd();
+    down(mesh);
     assert_eq!(
         long_lived
             .round_trip("while down")
@@ -94,7 +107,7 @@ fn ambientd_restart_keeps_connections_certificates_and_config() {
         );
         let pod = if node == 1 { "a" } else { "b" };
         // The same certificate, still usable: a restart costs no re-issue.
-        assert_eq!(available(&mesh, node, pod), held[node - 1]);
+        assert_eq!(available(mesh, node, pod), held[node - 1]);
     }
     long_lived.close();
 }
