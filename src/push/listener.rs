@@ -68,7 +68,7 @@ pub fn listen(address: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpL
 /// HEADERS and DATA frames go out separately, so every certificate asked for on an existing
 /// connection (a new pod's) waited 40 ms before ambientd saw its body. The end-to-end bed
 /// measured it (docs/testing.md, BENCHMARKS.md E1: a new pod's first request 99 ms after its
-/// manifest, 61 ms without the stall). Linux clears `TCP_QUICKACK` as the connection goes on
+/// manifest, 60 ms without the stall). Linux clears `TCP_QUICKACK` as the connection goes on
 /// (sending soon after receiving turns delayed ACKs back on), so it is set again after every
 /// read and write: one `setsockopt` each.
 #[derive(Debug)]
