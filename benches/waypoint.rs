@@ -31,7 +31,7 @@ use ambientd::push::{AdsServer, Registry};
 use ambientd::waypoint::{ConfigId, WaypointConfig, WaypointProxy, WaypointSettings};
 use prost::Message;
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 #[global_allocator]
@@ -477,7 +477,10 @@ fn w2(streams: usize, rounds: usize) {
         tokio::spawn(async move {
             let _ = ambientd::push::server::grpc_server()
                 .add_service(ads)
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), token.cancelled_owned())
+                .serve_with_incoming_shutdown(
+                    ambientd::push::listener::proxy_connections(listener),
+                    token.cancelled_owned(),
+                )
                 .await;
         });
         let started = Instant::now();

@@ -8,8 +8,6 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
-use tokio_stream::StreamExt as _;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
@@ -371,8 +369,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         crate::push::server::grpc_server()
             .add_service(ads)
             .serve_with_incoming_shutdown(
-                TcpListenerStream::new(xds_listener)
-                    .map(|accepted| accepted.map(crate::push::listener::ProxyConnection::new)),
+                crate::push::listener::proxy_connections(xds_listener),
                 stop.cancelled_owned(),
             )
             .await

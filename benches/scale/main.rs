@@ -43,7 +43,7 @@ use futures::StreamExt;
 use prost::Message;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 // The allocator the binary uses, counted (`cap::Cap` keeps the bytes in use: T10's live heap;

@@ -27,7 +27,10 @@ pub(super) async fn serve(snapshot: Arc<Snapshot>) -> Server {
     tokio::spawn(async move {
         let _ = ambientd::push::server::grpc_server()
             .add_service(ads)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), token.cancelled_owned())
+            .serve_with_incoming_shutdown(
+                ambientd::push::listener::proxy_connections(listener),
+                token.cancelled_owned(),
+            )
             .await;
     });
     Server {

@@ -98,7 +98,10 @@ pub(super) async fn churn_server(
     tokio::spawn(async move {
         let _ = ambientd::push::server::grpc_server()
             .add_service(ads)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), token.cancelled_owned())
+            .serve_with_incoming_shutdown(
+                ambientd::push::listener::proxy_connections(listener),
+                token.cancelled_owned(),
+            )
             .await;
     });
     let mut ready = snapshots.clone();

@@ -148,6 +148,16 @@ impl tokio::io::AsyncWrite for ProxyConnection {
     }
 }
 
+/// The plaintext listener's connections (15010), each a [`ProxyConnection`], for
+/// `Server::serve_with_incoming`.
+pub fn proxy_connections(
+    listener: tokio::net::TcpListener,
+) -> impl futures::Stream<Item = std::io::Result<ProxyConnection>> {
+    use futures::StreamExt as _;
+    tokio_stream::wrappers::TcpListenerStream::new(listener)
+        .map(|accepted| accepted.map(ProxyConnection::new))
+}
+
 impl tonic::transport::server::Connected for ProxyConnection {
     type ConnectInfo = tonic::transport::server::TcpConnectInfo;
 
