@@ -256,7 +256,9 @@ pub struct TypeState {
 #[derive(Clone, Debug)]
 struct Unconfirmed {
     until: Instant,
-    names: Vec<String>,
+    /// Each name, with the version the client said it holds: should the name appear at that
+    /// version within the grace (this replica catching up), the client already has it.
+    names: Vec<(String, String)>,
     /// The connection was woken for them (so it stops asking when they are due).
     due: bool,
 }
@@ -357,9 +359,41 @@ impl TypeState {
             return Vec::new();
         }
         let resources = snapshot.resources(self.kind);
-        let mut names = self.unconfirmed.take().map(|u| u.names).unwrap_or_default();
-        names.retain(|name| resources.get(name.as_str()).is_none());
+        let names = self.unconfirmed.take().map(|u| u.names).unwrap_or_default();
         names
+            .into_iter()
+            .map(|(name, _)| name)
+            .filter(|name| resources.get(name.as_str()).is_none())
+            .collect()
+    }
+
+    /// Takes out of `delta` what appears at a version the client said it holds among the
+    /// held-back names (it has those already), and stops holding back every name that now
+    /// exists.
+    fn confirm_held(&mut self, delta: &mut Delta) {
+        let Some(unconfirmed) = self.unconfirmed.as_mut() else {
+            return;
+        };
+        if delta.resources.is_empty() {
+            return;
+        }
+        let mut appeared = Vec::new();
+        delta.resources.retain(|resource| {
+            let held = unconfirmed
+                .names
+                .iter()
+                .find(|(name, _)| *name == resource.name.as_str());
+            match held {
+                Some((name, version)) => {
+                    appeared.push(name.clone());
+                    !resource.version.is(version)
+                }
+                None => true,
+            }
+        });
+        unconfirmed
+            .names
+            .retain(|(name, _)| !appeared.contains(name));
     }
 
     /// The answer to the first request: everything subscribed whose version the client does
@@ -369,9 +403,15 @@ impl TypeState {
         if self.subscription.wildcard {
             let mut delta = self.sync_wildcard_from(snapshot, known.iter());
             if !self.removal_grace.is_zero() && !delta.removed.is_empty() {
+                let missing = std::mem::take(&mut delta.removed);
+                let names = known
+                    .iter()
+                    .filter(|(name, _)| missing.binary_search_by(|m| m.as_str().cmp(name)).is_ok())
+                    .map(|(name, version)| (name.to_string(), version.to_string()))
+                    .collect();
                 self.unconfirmed = Some(Box::new(Unconfirmed {
                     until: Instant::now() + self.removal_grace,
-                    names: std::mem::take(&mut delta.removed),
+                    names,
                     due: false,
                 }));
             }
@@ -487,6 +527,7 @@ impl TypeState {
         };
         self.synced = Some(snapshot.clone());
         let mut delta = delta;
+        self.confirm_held(&mut delta);
         if !due.is_empty() {
             delta.removed.extend(due);
             delta.removed.sort();

@@ -322,6 +322,44 @@ fn a_reconnect_keeps_names_this_replica_lacks_until_the_grace_ends() {
     assert_eq!(state.removals_due_at(), None);
 }
 
+/// A reconnecting client holds a name this replica lacks yet (it got it from the replica it
+/// left); when this replica catches up and the resource appears at the version the client
+/// holds, nothing is sent: the client has it. (tests/it/failover.rs saw every client of a
+/// killed replica re-sent such a pod.)
+#[test]
+fn a_name_held_back_is_not_resent_when_it_appears_at_the_version_held() {
+    let mut index = cluster();
+    let snapshot = index.snapshot();
+    let late = uid(NS, "late");
+    let mut ahead = cluster();
+    ahead.apply(Object::Pod(pod(NS, "late", "10.0.0.8").into()));
+    let held = current_versions(&ahead.snapshot());
+    assert!(held.contains_key(&late));
+    let req = DeltaDiscoveryRequest {
+        initial_resource_versions: held,
+        ..request(&[], &[])
+    };
+    let mut state = TypeState::new(TypeKind::Address, &req);
+    state.hold_removals(Duration::from_secs(60));
+    assert_delta(&state.initial(&snapshot), NONE, NONE);
+
+    index.apply(Object::Pod(pod(NS, "late", "10.0.0.8").into()));
+    let caught_up = state.on_snapshot(&index.snapshot());
+    assert!(
+        caught_up.is_empty(),
+        "re-sent what the client holds: {:?}",
+        summary(&caught_up)
+    );
+
+    // No longer held back: its deletion is an ordinary removal.
+    index.delete(&ObjectRef::new(Kind::Pod, NS, "late"));
+    assert_delta(
+        &state.on_snapshot(&index.snapshot()),
+        NONE,
+        &[late.as_str()],
+    );
+}
+
 #[test]
 fn wildcard_on_snapshot_sends_exactly_what_changed() {
     let mut index = cluster();
