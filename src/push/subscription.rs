@@ -258,7 +258,7 @@ struct Unconfirmed {
     until: Instant,
     /// Each name, with the version the client said it holds: should the name appear at that
     /// version within the grace (this replica catching up), the client already has it.
-    names: Vec<(String, String)>,
+    names: HashMap<String, String>,
     /// The connection was woken for them (so it stops asking when they are due).
     due: bool,
 }
@@ -360,11 +360,12 @@ impl TypeState {
         }
         let resources = snapshot.resources(self.kind);
         let names = self.unconfirmed.take().map(|u| u.names).unwrap_or_default();
-        names
-            .into_iter()
-            .map(|(name, _)| name)
+        let mut missing: Vec<String> = names
+            .into_keys()
             .filter(|name| resources.get(name.as_str()).is_none())
-            .collect()
+            .collect();
+        missing.sort();
+        missing
     }
 
     /// Takes out of `delta` what appears at a version the client said it holds among the
@@ -377,23 +378,12 @@ impl TypeState {
         if delta.resources.is_empty() {
             return;
         }
-        let mut appeared = Vec::new();
-        delta.resources.retain(|resource| {
-            let held = unconfirmed
-                .names
-                .iter()
-                .find(|(name, _)| *name == resource.name.as_str());
-            match held {
-                Some((name, version)) => {
-                    appeared.push(name.clone());
-                    !resource.version.is(version)
-                }
+        delta.resources.retain(
+            |resource| match unconfirmed.names.remove(resource.name.as_str()) {
+                Some(version) => !resource.version.is(&version),
                 None => true,
-            }
-        });
-        unconfirmed
-            .names
-            .retain(|(name, _)| !appeared.contains(name));
+            },
+        );
     }
 
     /// The answer to the first request: everything subscribed whose version the client does
